@@ -1,0 +1,3 @@
+from lambdactl.cli import main
+
+main()

@@ -1,0 +1,729 @@
+"""The local stack behind `lambdactl stack up|down|status`: Kafka (noida-db), Redis, PostgreSQL.
+
+Services already answering at the configured URLs are used as they are (DESIGN.md,
+"Components"); only missing ones are started, and only on this machine's loopback address. What
+we start keeps its data in `<data_dir>/<service>/`, its log in `<data_dir>/logs/` and its pid
+file in `<data_dir>/run/`, and runs in its own session so it outlives the command that started
+it. `stack down` stops only those processes (found by their pid files) and keeps the data.
+
+PostgreSQL refuses to run as root, so as root the cluster is initialised and run as the `postgres`
+user (Debian's package creates it). That user usually cannot traverse a project under `/root` or
+pytest's `/tmp/pytest-of-root/`; rather than loosening permissions on those parents, the cluster
+then lives in the postgres user's home, `/var/lib/postgresql/lambda-<hash of abs data_dir>/`
+(`data/` and `postgres.log`), a persistent place it owns that `pg_lsclusters` does not manage.
+The path is shown in the service's detail. The server listens on TCP only (no unix socket): a
+socket needs a directory the postgres user can write and a path under 107 bytes, and every
+client here uses TCP anyway. Authentication is `trust` on loopback; the role and database of
+the configured URL are created on first start.
+
+Linux only: liveness is read from `/proc`, packages come from Debian's apt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import ipaddress
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import psycopg
+import redis
+from psycopg import sql
+from rich.table import Table
+
+from shared.config import Settings
+from shared.errors import ServiceUnavailableError
+
+START_TIMEOUT_S = 60
+STOP_TIMEOUT_S = 20
+MIN_JAVA = 17
+MIN_POSTGRES = 15
+DEBIAN_POSTGRES = Path("/usr/lib/postgresql")
+PG_SETTINGS = "-c max_connections=200"
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    name: str
+    url: str
+    reachable: bool
+    started_by_us: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class _Dirs:
+    root: Path
+
+    @classmethod
+    def of(cls, settings: Settings) -> _Dirs:
+        return cls(settings.stack.data_dir.resolve())
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def data(self, service: str) -> Path:
+        return self.root / service
+
+    def log(self, service: str) -> Path:
+        return self.logs / f"{service}.log"
+
+    def pid_file(self, service: str) -> Path:
+        return self.run / f"{service}.pid"
+
+
+@dataclass(frozen=True)
+class _PgLayout:
+    cluster: Path
+    log: Path
+    relocated: bool
+
+
+def stack_up(settings: Settings) -> list[ServiceState]:
+    """Make Kafka, Redis and PostgreSQL answer at the configured URLs; safe to call repeatedly."""
+    java = _java_state(install=True)
+    dirs = _Dirs.of(settings)
+    for path in (dirs.root, dirs.run, dirs.logs):
+        path.mkdir(parents=True, exist_ok=True)
+    with _locked(dirs):
+        return [
+            _kafka_up(settings, dirs),
+            _redis_up(settings, dirs),
+            _postgres_up(settings, dirs),
+            java,
+        ]
+
+
+def stack_down(settings: Settings) -> list[ServiceState]:
+    """Stop what `stack_up` started (never a service it found running); the data stays."""
+    dirs = _Dirs.of(settings)
+    if dirs.root.is_dir():
+        with _locked(dirs):
+            for service, marker in (("kafka", "noida-db"), ("redis", "redis-server")):
+                pid = _managed_pid(dirs, service, marker)
+                if pid is not None and not _stop_group(pid, marker):
+                    raise ServiceUnavailableError(
+                        f"{service} (pid {pid}) survived SIGKILL; check `ps -p {pid}`"
+                    )
+                dirs.pid_file(service).unlink(missing_ok=True)
+            layout = _pg_layout(dirs)
+            if _postmaster_pid(layout.cluster) is not None:
+                pg_ctl = _pg_bindir(layout.cluster, install=False) / "pg_ctl"
+                stop = [str(pg_ctl), "-D", str(layout.cluster), "-m", "fast", "-w", "stop"]
+                _run(_as_postgres(stop), "pg_ctl stop", layout.log)
+    return _service_states(settings)
+
+
+def stack_status(settings: Settings) -> list[ServiceState]:
+    return [*_service_states(settings), _java_state(install=False)]
+
+
+def render_states(states: list[ServiceState]) -> Table:
+    table = Table(title="local stack")
+    for column in ("service", "url", "state", "started by us", "detail"):
+        table.add_column(column)
+    for state in states:
+        table.add_row(
+            state.name,
+            _redact(state.url),
+            "[green]up[/green]" if state.reachable else "[red]down[/red]",
+            "yes" if state.started_by_us else "no",
+            state.detail,
+        )
+    return table
+
+
+def _service_states(settings: Settings) -> list[ServiceState]:
+    dirs = _Dirs.of(settings)
+    host, port = _kafka_address(settings)
+    kafka_pid = _managed_pid(dirs, "kafka", "noida-db")
+    redis_pid = _managed_pid(dirs, "redis", "redis-server")
+    layout = _pg_layout(dirs)
+    return [
+        _describe(
+            "kafka",
+            settings.kafka.bootstrap_servers,
+            _port_open(host, port),
+            kafka_pid,
+            _where(dirs.data("kafka"), dirs.log("kafka")),
+        ),
+        _describe(
+            "redis",
+            settings.redis.url,
+            _redis_error(settings.redis.url) is None,
+            redis_pid,
+            _where(dirs.data("redis"), dirs.log("redis")),
+        ),
+        _describe(
+            "postgres",
+            settings.postgres.url,
+            _pg_error(settings.postgres.url) is None,
+            _postmaster_pid(layout.cluster),
+            _pg_where(layout),
+        ),
+    ]
+
+
+def _describe(
+    name: str, url: str, reachable: bool, pid: int | None, where: str, note: str = ""
+) -> ServiceState:
+    if pid is not None:
+        detail = f"pid {pid}; {where}"
+        if not reachable:
+            detail = f"pid {pid} runs but does not answer; {where}"
+    elif reachable:
+        detail = "not started by lambdactl; used as it is"
+    else:
+        detail = f"down; `lambdactl stack up` starts it; {where}"
+    return ServiceState(name, url, reachable, pid is not None, note + detail)
+
+
+def _where(data: Path, log: Path) -> str:
+    return f"data {data}; log {log}"
+
+
+def _pg_where(layout: _PgLayout) -> str:
+    moved = " (moved: the postgres user cannot reach the data dir)" if layout.relocated else ""
+    return f"cluster {layout.cluster}{moved}; log {layout.log}"
+
+
+# Kafka and Redis: a foreground process we spawn and track by pid file.
+
+
+def _kafka_up(settings: Settings, dirs: _Dirs) -> ServiceState:
+    host, port = _kafka_address(settings)
+
+    def probe() -> str | None:
+        return None if _port_open(host, port) else f"nothing accepts connections on {host}:{port}"
+
+    def command() -> list[str]:
+        return [
+            _noida_db(),
+            "start",
+            "--data-dir",
+            str(dirs.data("kafka")),
+            "--host",
+            _bind(host),
+            "--only",
+            "kafka",
+            "--kafka-port",
+            str(port),
+        ]
+
+    return _ensure_process(
+        "kafka",
+        settings.kafka.bootstrap_servers,
+        host,
+        port,
+        "LAMBDA_KAFKA__BOOTSTRAP_SERVERS",
+        "noida-db",
+        dirs,
+        probe,
+        command,
+    )
+
+
+def _redis_up(settings: Settings, dirs: _Dirs) -> ServiceState:
+    url = settings.redis.url
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 6379
+
+    def command() -> list[str]:
+        password = ["--requirepass", unquote(parts.password)] if parts.password else []
+        dirs.data("redis").mkdir(parents=True, exist_ok=True)
+        return [
+            _redis_server(),
+            "--port",
+            str(port),
+            "--bind",
+            _bind(host),
+            "--dir",
+            str(dirs.data("redis")),
+            "--daemonize",
+            "no",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--pidfile",
+            str(dirs.pid_file("redis")),
+            *password,
+        ]
+
+    return _ensure_process(
+        "redis",
+        url,
+        host,
+        port,
+        "LAMBDA_REDIS__URL",
+        "redis-server",
+        dirs,
+        lambda: _redis_error(url),
+        command,
+    )
+
+
+def _ensure_process(
+    name: str,
+    url: str,
+    host: str,
+    port: int,
+    env_var: str,
+    marker: str,
+    dirs: _Dirs,
+    probe: Callable[[], str | None],
+    command: Callable[[], list[str]],
+) -> ServiceState:
+    pid = _managed_pid(dirs, name, marker)
+    where = _where(dirs.data(name), dirs.log(name))
+    error = probe()
+    if error is None:
+        return _describe(name, url, True, pid, where, note="already running; ")
+    if pid is not None:
+        raise ServiceUnavailableError(
+            f"{name} (pid {pid}, started by lambdactl) does not answer at {_redact(url)}: {error}. "
+            f"See {dirs.log(name)}, then run `lambdactl stack down` and `lambdactl stack up`"
+        )
+    _refuse_start(name, url, host, port, error, env_var)
+    pid = _spawn_and_wait(name, command(), dirs, marker, probe)
+    return ServiceState(name, url, True, True, f"started; pid {pid}; {where}")
+
+
+def _spawn_and_wait(
+    name: str, cmd: list[str], dirs: _Dirs, marker: str, probe: Callable[[], str | None]
+) -> int:
+    """Start `cmd` detached (its own session, so it outlives us), then wait until it answers."""
+    log, pid_file = dirs.log(name), dirs.pid_file(name)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    pid = proc.pid
+    pid_file.write_text(f"{pid}\n")
+    deadline = time.monotonic() + START_TIMEOUT_S
+    try:
+        while (error := probe()) is not None:
+            if proc.poll() is not None:
+                raise ServiceUnavailableError(
+                    f"{name} exited with code {proc.returncode} while starting ({error}); "
+                    f"last lines of {log}:\n{_tail(log)}"
+                )
+            if time.monotonic() > deadline:
+                raise ServiceUnavailableError(
+                    f"{name} did not answer within {START_TIMEOUT_S} s ({error}); "
+                    f"last lines of {log}:\n{_tail(log)}"
+                )
+            time.sleep(0.2)
+    except BaseException:
+        _stop_group(pid, marker)
+        pid_file.unlink(missing_ok=True)
+        raise
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)  # it is meant to outlive us
+            del proc
+    return pid
+
+
+def _stop_group(pid: int, marker: str) -> bool:
+    """SIGTERM the process group (noida-db's wrapper has a native child), then SIGKILL."""
+    for sig, grace in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 5)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, sig)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            if not _alive(pid, marker):
+                return True
+            time.sleep(0.1)
+    return False
+
+
+def _managed_pid(dirs: _Dirs, service: str, marker: str) -> int | None:
+    try:
+        pid = int(dirs.pid_file(service).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if _alive(pid, marker) else None
+
+
+def _alive(pid: int, marker: str) -> bool:
+    """A live process whose command line names `marker` (zombies have none; reused pids differ)."""
+    try:
+        return marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _noida_db() -> str:
+    beside = Path(sys.executable).parent / "noida-db"
+    found = str(beside) if beside.exists() else shutil.which("noida-db")
+    if found is None:
+        raise ServiceUnavailableError(
+            "noida-db is not installed: `pip install noida-db==0.2.3` into this environment, "
+            "or point LAMBDA_KAFKA__BOOTSTRAP_SERVERS at a running Kafka"
+        )
+    return found
+
+
+def _redis_server() -> str:
+    found = shutil.which("redis-server")
+    if found is None:
+        _apt_install(
+            "redis-server",
+            "redis-server is not installed: install Redis 7 (e.g. `apt-get install "
+            "redis-server`) or point LAMBDA_REDIS__URL at a running Redis",
+        )
+        found = shutil.which("redis-server")
+    if found is None:
+        raise ServiceUnavailableError("redis-server is still missing after installing it")
+    return found
+
+
+# PostgreSQL: a cluster of our own, run by pg_ctl, tracked by its postmaster.pid.
+
+
+def _postgres_up(settings: Settings, dirs: _Dirs) -> ServiceState:
+    url = settings.postgres.url
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 5432
+    layout = _pg_layout(dirs)
+    pid = _postmaster_pid(layout.cluster)
+    error = _pg_error(url)
+    if error is None:
+        return _describe("postgres", url, True, pid, _pg_where(layout), note="already running; ")
+    note = "already running"
+    if pid is None:
+        _refuse_start("postgres", url, host, port, error, "LAMBDA_POSTGRES__URL")
+        if _is_root():
+            _pg_bindir(None, install=True)  # creates the postgres user the layout depends on
+            layout = _pg_layout(dirs)
+        _pg_start(layout, _bind(host), port)
+        pid, note = _postmaster_pid(layout.cluster), "started"
+    _pg_create_role_and_database(url, _bind(host), port)
+    if (error := _pg_error(url)) is not None:
+        raise ServiceUnavailableError(
+            f"our PostgreSQL cluster {layout.cluster} runs but refuses {_redact(url)}: {error}. "
+            f"See {layout.log}; `lambdactl stack down` then `stack up` restarts it"
+        )
+    return ServiceState("postgres", url, True, True, f"{note}; pid {pid}; {_pg_where(layout)}")
+
+
+def _pg_layout(dirs: _Dirs) -> _PgLayout:
+    """Where our cluster lives: in the data dir, unless the postgres user cannot reach it."""
+    local = _PgLayout(dirs.data("postgres"), dirs.log("postgres"), relocated=False)
+    if not _is_root() or (local.cluster / "PG_VERSION").exists():
+        return local
+    try:
+        home = Path(pwd.getpwnam("postgres").pw_dir)
+    except KeyError:
+        return local
+    digest = hashlib.sha256(str(dirs.root).encode()).hexdigest()[:12]
+    base = home / f"lambda-{digest}"
+    moved = _PgLayout(base / "data", base / "postgres.log", relocated=True)
+    if (moved.cluster / "PG_VERSION").exists():
+        return moved
+    reachable = subprocess.run(
+        ["runuser", "-u", "postgres", "--", "test", "-x", str(dirs.root)], check=False
+    )
+    return local if reachable.returncode == 0 else moved
+
+
+def _pg_start(layout: _PgLayout, bind: str, port: int) -> None:
+    bindir = _pg_bindir(layout.cluster, install=True)
+    for path in {layout.cluster.parent, layout.cluster, layout.log.parent}:
+        path.mkdir(parents=True, exist_ok=True)
+    layout.log.touch()
+    if _is_root():
+        owner = pwd.getpwnam("postgres")
+        owned = [layout.cluster, layout.log]
+        if layout.relocated:
+            owned.append(layout.cluster.parent)
+        for path in owned:
+            os.chown(path, owner.pw_uid, owner.pw_gid)
+    layout.cluster.chmod(0o700)
+    if not (layout.cluster / "PG_VERSION").exists():
+        initdb = [
+            str(bindir / "initdb"),
+            "-D",
+            str(layout.cluster),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--no-locale",
+        ]
+        _run(_as_postgres(initdb), "initdb", layout.log)
+    options = f"-p {port} -c listen_addresses={bind} -c unix_socket_directories='' {PG_SETTINGS}"
+    start = [
+        str(bindir / "pg_ctl"),
+        "-D",
+        str(layout.cluster),
+        "-l",
+        str(layout.log),
+        "-w",
+        "-t",
+        str(START_TIMEOUT_S),
+        "-o",
+        options,
+        "start",
+    ]
+    _run(_as_postgres(start), "pg_ctl start", layout.log)
+
+
+def _pg_bindir(cluster: Path | None, install: bool) -> Path:
+    """The cluster's own major version if it exists (data files are per major), else the newest."""
+    versions = _pg_versions()
+    if not versions and install:
+        _apt_install(
+            "postgresql",
+            f"PostgreSQL {MIN_POSTGRES}+ is not installed: `apt-get install postgresql`, or point "
+            "LAMBDA_POSTGRES__URL at a running PostgreSQL",
+        )
+        versions = _pg_versions()
+    wanted = None
+    if cluster is not None and (cluster / "PG_VERSION").exists():
+        wanted = int((cluster / "PG_VERSION").read_text().strip())
+    for version in sorted(versions, reverse=True):
+        if wanted in (None, version):
+            return DEBIAN_POSTGRES / str(version) / "bin"
+    need = f"PostgreSQL {wanted} (the version of {cluster})" if wanted else "PostgreSQL 15+"
+    raise ServiceUnavailableError(f"{need} is not installed under {DEBIAN_POSTGRES}; install it")
+
+
+def _pg_versions() -> list[int]:
+    found = (pg_ctl.parent.parent.name for pg_ctl in DEBIAN_POSTGRES.glob("*/bin/pg_ctl"))
+    return [int(name) for name in found if name.isdigit() and int(name) >= MIN_POSTGRES]
+
+
+def _pg_create_role_and_database(url: str, host: str, port: int) -> None:
+    """The URL's role (CREATEDB, so tests can make a database each) and database."""
+    parts = urlsplit(url)
+    user = unquote(parts.username or "postgres")
+    dbname = unquote(parts.path.lstrip("/")) or user
+    try:
+        admin = psycopg.connect(
+            host=host,
+            port=port,
+            user="postgres",
+            dbname="postgres",
+            autocommit=True,
+            connect_timeout=5,
+        )
+    except psycopg.Error as exc:
+        raise ServiceUnavailableError(
+            f"cannot connect as postgres to our cluster on {host}:{port} ({exc}); it may run on "
+            "another port: `lambdactl stack down` then `stack up` restarts it"
+        ) from exc
+    with admin:
+        if not admin.execute("select 1 from pg_roles where rolname = %s", (user,)).fetchone():
+            password = sql.Literal(unquote(parts.password)) if parts.password else sql.NULL
+            admin.execute(
+                sql.SQL("create role {} login createdb password {}").format(
+                    sql.Identifier(user), password
+                )
+            )
+        if not admin.execute("select 1 from pg_database where datname = %s", (dbname,)).fetchone():
+            admin.execute(
+                sql.SQL("create database {} owner {}").format(
+                    sql.Identifier(dbname), sql.Identifier(user)
+                )
+            )
+
+
+def _postmaster_pid(cluster: Path) -> int | None:
+    try:
+        pid = int((cluster / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if _alive(pid, "postgres") else None
+
+
+def _as_postgres(cmd: list[str]) -> list[str]:
+    return ["runuser", "-u", "postgres", "--", *cmd] if _is_root() else cmd
+
+
+# Shared helpers.
+
+
+def _refuse_start(name: str, url: str, host: str, port: int, error: str, env_var: str) -> None:
+    """We only start services on loopback, and never over something else holding the port."""
+    if not _is_loopback(host):
+        raise ServiceUnavailableError(
+            f"{name} at {_redact(url)} is not reachable ({error}) and is not on this machine, so "
+            f"`lambdactl stack up` cannot start it: start it there, or point {env_var} at a "
+            "reachable one"
+        )
+    if _port_open(host, port):
+        raise ServiceUnavailableError(
+            f"something already listens on {host}:{port} but refuses {name} at {_redact(url)} "
+            f"({error}); make it accept that URL (for PostgreSQL: create the role and database), "
+            f"or point {env_var} at a free port so `lambdactl stack up` can start its own"
+        )
+
+
+def _kafka_address(settings: Settings) -> tuple[str, int]:
+    first = settings.kafka.bootstrap_servers.split(",")[0].strip().split("://")[-1]
+    host, _, port = first.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port or 9092)
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def _redis_error(url: str) -> str | None:
+    client = redis.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=2.0)
+    try:
+        client.ping()
+        return None
+    except (redis.RedisError, OSError) as exc:
+        return str(exc)
+    finally:
+        client.close()
+
+
+def _pg_error(url: str) -> str | None:
+    try:
+        psycopg.connect(url, connect_timeout=2).close()
+        return None
+    except psycopg.Error as exc:
+        return str(exc).strip()
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _bind(host: str) -> str:
+    return "127.0.0.1" if host == "localhost" else host
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _java_state(install: bool) -> ServiceState:
+    """Spark needs Java 17+; `stack up` installs it when it can (root), otherwise says how."""
+    found = _java_version()
+    if install and (found is None or found[1] < MIN_JAVA):
+        _apt_install(
+            "openjdk-17-jre-headless",
+            f"Spark needs Java {MIN_JAVA}+: install OpenJDK 17 (e.g. `apt-get install "
+            "openjdk-17-jre-headless`) and put it on PATH or in JAVA_HOME",
+        )
+        found = _java_version()
+    ok = found is not None and found[1] >= MIN_JAVA
+    if install and not ok:
+        raise ServiceUnavailableError(
+            f"Spark needs Java {MIN_JAVA}+ but `java -version` reports "
+            f"{found[2] if found else 'nothing'}; set JAVA_HOME to a Java {MIN_JAVA}+ install"
+        )
+    path, detail = (found[0], found[2]) if found else ("-", "not installed")
+    if found and not ok:
+        detail = f"{detail}; Spark needs Java {MIN_JAVA}+"
+    return ServiceState("java", path, ok, False, detail)
+
+
+def _java_version() -> tuple[str, int, str] | None:
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    if java is None or not Path(java).exists():
+        return None
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
+    first = (out.stderr or out.stdout).strip().splitlines()[:1]
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', first[0]) if first else None
+    if match is None:
+        return None
+    major = int(match.group(1))
+    if major == 1 and match.group(2):
+        major = int(match.group(2))  # "1.8.0" is Java 8
+    return java, major, first[0]
+
+
+def _apt_install(package: str, how_to: str) -> None:
+    if not _is_root():
+        raise ServiceUnavailableError(how_to)
+    _apt_update()
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    _run(["apt-get", "install", "-y", package], f"apt-get install {package}", env=env)
+
+
+@functools.cache
+def _apt_update() -> None:
+    """Once per process: the package lists rarely change within one `stack up`."""
+    _run(["apt-get", "update"], "apt-get update")
+
+
+def _run(
+    cmd: list[str], what: str, log: Path | None = None, env: dict[str, str] | None = None
+) -> None:
+    """Run a short command in its own session (pg_ctl's server must not share our session)."""
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, start_new_session=True, check=False
+    )
+    if done.returncode != 0:
+        output = "\n".join((done.stdout + done.stderr).strip().splitlines()[-20:])
+        more = f"\nlast lines of {log}:\n{_tail(log)}" if log else ""
+        raise ServiceUnavailableError(f"{what} failed (exit {done.returncode}):\n{output}{more}")
+
+
+def _tail(log: Path, lines: int = 20) -> str:
+    """The log's last lines, minus noida-db's harmless glibc 'weak version' warning."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    kept = [line for line in text.splitlines() if "weak version" not in line]
+    return "\n".join(kept[-lines:])
+
+
+@contextlib.contextmanager
+def _locked(dirs: _Dirs) -> Iterator[None]:
+    """Two concurrent `stack up`s on one data dir must not both start a service."""
+    dirs.run.mkdir(parents=True, exist_ok=True)
+    with (dirs.run / "stack.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()

@@ -1,0 +1,5 @@
+"""Serving layer: FastAPI merging the batch view (PostgreSQL) and the speed view (Redis)."""
+
+from serving_layer.app import create_app
+
+__all__ = ["create_app"]

@@ -1,0 +1,324 @@
+"""One typed settings object: the YAML file (`LAMBDA_CONFIG`, default `lambda.yaml`) plus
+environment overrides (`LAMBDA_` prefix, `__` for nesting), validated with messages that name
+the bad field and say what is allowed."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Literal
+
+import orjson
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from shared.durations import format_duration, parse_duration
+from shared.errors import ConfigError
+
+Duration = Annotated[int, BeforeValidator(parse_duration)]
+"""A duration in milliseconds, written in the YAML as `30s`, `1m`, `1h` or `1d`."""
+
+RESERVED_DIMENSIONS = frozenset({"window", "start", "end", "at", "by", "n", "limit", "prefix"})
+PLAIN_AGGREGATIONS = ("count", "sum", "min", "max", "avg")
+VALUE_AGGREGATIONS = frozenset({"sum", "min", "max", "avg"})
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]{0,62}$")
+_FIELD = re.compile(r"^[^\s]{1,128}$")
+_DISTINCT = re.compile(r"^distinct\(\s*([^\s()]+)\s*\)$")
+
+
+def _check_name(value: str, what: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError(
+            f"{what} {value!r} must start with a letter and use only letters, digits, '_' or '-'"
+        )
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SourceConfig(_Strict):
+    """A Kafka topic of JSON events."""
+
+    name: str
+    topic: str
+    time_field: str
+    id_field: str | None = None
+    partitions: int = Field(default=4, ge=1, le=1024)
+    max_future: Duration = parse_duration("5m")
+
+    @field_validator("name", "topic")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        return _check_name(value, "source name/topic")
+
+    @property
+    def dlq_topic(self) -> str:
+        return f"{self.topic}.dlq"
+
+    @property
+    def late_topic(self) -> str:
+        return f"{self.topic}.late"
+
+
+class MetricConfig(_Strict):
+    """A windowed aggregate over one source, keyed by zero or more dimensions."""
+
+    name: str
+    source: str
+    key: tuple[str, ...] = ()
+    value: str | None = None
+    aggregations: tuple[str, ...] = ("count",)
+    windows: tuple[Duration, ...]
+    grace: Duration = 0
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        return _check_name(value, "metric name")
+
+    @field_validator("key")
+    @classmethod
+    def _valid_key(cls, dims: tuple[str, ...]) -> tuple[str, ...]:
+        for dim in dims:
+            if dim in RESERVED_DIMENSIONS:
+                raise ValueError(
+                    f"dimension name {dim!r} is reserved (it is a query parameter); rename it. "
+                    f"Reserved: {', '.join(sorted(RESERVED_DIMENSIONS))}"
+                )
+            if not _FIELD.match(dim):
+                raise ValueError(f"dimension name {dim!r} must be non-empty with no spaces")
+        if len(set(dims)) != len(dims):
+            raise ValueError("key dimensions must be distinct")
+        return dims
+
+    @field_validator("aggregations")
+    @classmethod
+    def _valid_aggregations(cls, aggs: tuple[str, ...]) -> tuple[str, ...]:
+        if not aggs:
+            raise ValueError("list at least one aggregation")
+        for agg in aggs:
+            if agg not in PLAIN_AGGREGATIONS and not _DISTINCT.match(agg):
+                raise ValueError(
+                    f"unknown aggregation {agg!r}; allowed: count, sum, min, max, avg, "
+                    "distinct(<field>)"
+                )
+        if len(set(aggs)) != len(aggs):
+            raise ValueError("aggregations must not repeat")
+        return aggs
+
+    @field_validator("windows")
+    @classmethod
+    def _valid_windows(cls, windows: tuple[int, ...]) -> tuple[int, ...]:
+        if not windows:
+            raise ValueError("list at least one window, e.g. [1m, 1h]")
+        if any(w <= 0 for w in windows):
+            raise ValueError("windows must be positive durations")
+        base = min(windows)
+        for window in windows:
+            if window % base:
+                raise ValueError(
+                    f"window {format_duration(window)} is not a multiple of the smallest window "
+                    f"{format_duration(base)}; every window must be a multiple of it"
+                )
+        if len(set(windows)) != len(windows):
+            raise ValueError("windows must not repeat")
+        return tuple(sorted(windows))
+
+    @model_validator(mode="after")
+    def _value_needed(self) -> MetricConfig:
+        needs = VALUE_AGGREGATIONS.intersection(self.aggregations)
+        if needs and self.value is None:
+            raise ValueError(
+                f"aggregations {sorted(needs)} need a numeric `value` field; set `value:` "
+                "or keep only count and distinct(<field>)"
+            )
+        return self
+
+    @property
+    def base_window(self) -> int:
+        """The smallest window: the cell size both layers store."""
+        return self.windows[0]
+
+    @cached_property
+    def distinct_fields(self) -> tuple[str, ...]:
+        """Fields of the `distinct(<field>)` aggregations, in configured order."""
+        fields = []
+        for agg in self.aggregations:
+            match = _DISTINCT.match(agg)
+            if match:
+                fields.append(match.group(1))
+        return tuple(fields)
+
+    @cached_property
+    def output_names(self) -> tuple[str, ...]:
+        """The names a point carries: `count`, ..., `distinct_<field>`, in configured order."""
+        names = []
+        for agg in self.aggregations:
+            match = _DISTINCT.match(agg)
+            names.append(f"distinct_{match.group(1)}" if match else agg)
+        return tuple(names)
+
+
+class KafkaSettings(_Strict):
+    bootstrap_servers: str = "127.0.0.1:9092"
+
+
+class RedisSettings(_Strict):
+    url: str = "redis://127.0.0.1:6379/0"
+
+
+class PostgresSettings(_Strict):
+    url: str = "postgresql://lambda:lambda@127.0.0.1:5432/lambda"
+
+
+class SparkSettings(_Strict):
+    master: str = "local[2]"
+    driver_memory: str = "2g"
+    shuffle_partitions: int = Field(default=8, ge=1)
+    max_offsets_per_slice: int = Field(default=250_000, ge=1)
+
+
+class BatchConfig(_Strict):
+    schedule: str = "hourly"
+
+    @field_validator("schedule")
+    @classmethod
+    def _valid_schedule(cls, value: str) -> str:
+        if value != "hourly" and len(value.split()) != 5:
+            raise ValueError("schedule must be 'hourly' or a 5-field cron expression")
+        return value
+
+
+class SpeedSettings(_Strict):
+    app_id: str = "lambda-speed"
+    """The Faust app id, which is also the Kafka consumer group of the workers."""
+    take_max: int = Field(default=5000, ge=1)
+    take_within_s: float = Field(default=0.05, gt=0)
+    watermark_refresh_s: float = Field(default=2.0, gt=0)
+    session_timeout_s: float = Field(default=10.0, gt=0)
+    cleanup_delay_s: float = Field(default=60.0, ge=0)
+    ttl_days: int = Field(default=7, ge=7)
+
+
+class AuthSettings(_Strict):
+    reader_tokens: tuple[str, ...] = ()
+    operator_tokens: tuple[str, ...] = ()
+
+
+class ServingSettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_cells: int = Field(default=50_000, ge=1)
+
+
+class StackSettings(_Strict):
+    data_dir: Path = Path(".lambda")
+
+
+class Settings(BaseSettings):
+    """Everything the platform is configured by; build it with `load_settings()`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="LAMBDA_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    sources: tuple[SourceConfig, ...] = ()
+    metrics: tuple[MetricConfig, ...] = ()
+    batch: BatchConfig = BatchConfig()
+    kafka: KafkaSettings = KafkaSettings()
+    redis: RedisSettings = RedisSettings()
+    postgres: PostgresSettings = PostgresSettings()
+    spark: SparkSettings = SparkSettings()
+    speed: SpeedSettings = SpeedSettings()
+    auth: AuthSettings = AuthSettings()
+    serving: ServingSettings = ServingSettings()
+    stack: StackSettings = StackSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        yaml_file = os.environ.get("LAMBDA_CONFIG", "lambda.yaml")
+        return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls, yaml_file))
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Settings:
+        names = [s.name for s in self.sources]
+        if len(set(names)) != len(names):
+            raise ValueError("source names must be unique")
+        metric_names = [m.name for m in self.metrics]
+        if len(set(metric_names)) != len(metric_names):
+            raise ValueError("metric names must be unique")
+        for metric in self.metrics:
+            if metric.source not in names:
+                raise ValueError(
+                    f"metric {metric.name!r} names source {metric.source!r}, which is not "
+                    f"configured; configured sources: {names or 'none'}"
+                )
+        return self
+
+    def source(self, name: str) -> SourceConfig:
+        return next(s for s in self.sources if s.name == name)
+
+    def metric(self, name: str) -> MetricConfig | None:
+        return next((m for m in self.metrics if m.name == name), None)
+
+    def metrics_of(self, source: SourceConfig) -> tuple[MetricConfig, ...]:
+        return tuple(m for m in self.metrics if m.source == source.name)
+
+    def metric_version(self, metric: MetricConfig) -> str:
+        """A hash of everything that decides a metric's cells: cells of two versions never mix."""
+        source = self.source(metric.source)
+        definition = {
+            "metric": metric.model_dump(mode="json"),
+            "source": source.model_dump(mode="json", exclude={"partitions"}),
+        }
+        return hashlib.sha256(orjson.dumps(definition, option=orjson.OPT_SORT_KEYS)).hexdigest()[
+            :12
+        ]
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read the YAML file and the environment; raise ConfigError with a readable message."""
+    path = os.environ.get("LAMBDA_CONFIG")
+    if path is not None and not Path(path).is_file():
+        raise ConfigError(f"LAMBDA_CONFIG={path!r} does not exist; point it at the YAML config")
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc)) from exc
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    lines = ["invalid configuration:"]
+    for err in exc.errors():
+        where = ".".join(str(part) for part in err["loc"]) or "(top level)"
+        message = err["msg"].removeprefix("Value error, ")
+        lines.append(f"  {where}: {message}")
+    return "\n".join(lines)
+
+
+RunMode = Literal["incremental", "full", "range"]

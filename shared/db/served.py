@@ -1,0 +1,39 @@
+"""The served-generation row (rule 6): one row naming the generation readers use, the offset
+snapshot it was computed from, W per metric and `rebuild_from` per partition."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+
+@dataclass(frozen=True)
+class ServedView:
+    generation: int
+    snapshot: dict[str, dict[str, int]]
+    """topic -> partition (as text) -> first offset not read."""
+    watermarks: dict[str, int]
+    """metric -> W in epoch ms."""
+    rebuild_from: dict[str, dict[str, int]]
+    """topic -> partition (as text) -> smallest offset whose event time is >= W."""
+    versions: dict[str, str]
+    """metric -> version of the metric definition the cells were computed with."""
+
+    def watermark(self, metric: str, version: str) -> int | None:
+        """W of a metric, or None when the served cells are of another version (or none)."""
+        if self.versions.get(metric) != version:
+            return None
+        return self.watermarks.get(metric)
+
+
+_SELECT = (
+    "SELECT generation, snapshot, watermarks, rebuild_from, versions FROM served_view WHERE id = 1"
+)
+
+
+def read_served(conn: psycopg.Connection[Any]) -> ServedView | None:
+    """The served row as seen by `conn`'s current snapshot; None before the first batch run."""
+    row = conn.execute(_SELECT).fetchone()
+    return None if row is None else ServedView(*row)

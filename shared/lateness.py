@@ -1,0 +1,27 @@
+"""Lateness (rule 2) and the batch watermark W (rule 5), as pure functions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from shared.windows import window_start
+
+
+def is_late(
+    cell_end_ms: int, grace_ms: int, stream_time_ms: int | None, watermark_ms: int | None
+) -> bool:
+    """Kafka Streams' rule, plus: a cell the batch already serves (end <= W) is closed."""
+    if stream_time_ms is not None and cell_end_ms + grace_ms <= stream_time_ms:
+        return True
+    return watermark_ms is not None and cell_end_ms <= watermark_ms
+
+
+def batch_watermark(
+    previous_ms: int | None, stream_times_ms: Iterable[int], grace_ms: int, base_ms: int
+) -> int | None:
+    """`W = max(W_prev, floor_base(max_p L_p - grace))`; an idle partition never holds W back."""
+    newest = max(stream_times_ms, default=None)
+    if newest is None:
+        return previous_ms
+    candidate = window_start(newest - grace_ms, base_ms)
+    return candidate if previous_ms is None else max(previous_ms, candidate)

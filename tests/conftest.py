@@ -1,0 +1,133 @@
+"""Fixtures for tests that need the real services.
+
+`stack` brings up the local stack (Kafka-protocol broker, Redis, PostgreSQL) exactly as
+`lambdactl stack up` does, or uses the services already reachable at the configured URLs; if
+that fails the test fails loudly — it never skips. `platform` gives each test its own world:
+a fresh PostgreSQL database with the schema, a flushed Redis database, uniquely named topics
+and a consumer group, written to a YAML file that subprocesses read via `LAMBDA_CONFIG`.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+import yaml
+from psycopg import sql
+
+from shared.config import Settings
+
+TEST_REDIS_DB = 15
+
+
+@pytest.fixture(scope="session")
+def stack() -> Settings:
+    from lambdactl.stack import stack_up
+
+    settings = Settings()
+    try:
+        states = stack_up(settings)
+    except Exception as exc:
+        pytest.fail(f"the local stack could not be started: {exc}", pytrace=False)
+    down = [s.name for s in states if not s.reachable]
+    if down:
+        pytest.fail(f"services unreachable after `stack up`: {down}", pytrace=False)
+    return settings
+
+
+@dataclass
+class Platform:
+    settings: Settings
+    config: dict[str, Any]
+    config_path: Path
+    env: dict[str, str]
+    """The environment a subprocess (`lambdactl ...`) needs to see this test's platform."""
+
+
+def _url_with_db(url: str, dbname: str) -> str:
+    base, _, _ = url.rpartition("/")
+    return f"{base}/{dbname}"
+
+
+def platform_config(tag: str, partitions: int = 4) -> dict[str, Any]:
+    """The demo's source and metrics, with this test's topic name."""
+    return {
+        "sources": [
+            {
+                "name": "pageviews",
+                "topic": f"pv-{tag}",
+                "time_field": "ts",
+                "id_field": "event_id",
+                "partitions": partitions,
+            }
+        ],
+        "metrics": [
+            {
+                "name": "views_by_page",
+                "source": "pageviews",
+                "key": ["page"],
+                "value": "latency_ms",
+                "aggregations": ["count", "sum", "min", "max", "avg", "distinct(user_id)"],
+                "windows": ["1m", "1h", "1d"],
+                "grace": "2m",
+            },
+            {
+                "name": "views_total",
+                "source": "pageviews",
+                "key": [],
+                "aggregations": ["count", "distinct(user_id)"],
+                "windows": ["1m", "1h"],
+                "grace": "2m",
+            },
+        ],
+    }
+
+
+@pytest.fixture
+def platform(stack: Settings, tmp_path: Path) -> Iterator[Platform]:
+    from shared.db.migrate import upgrade
+
+    tag = uuid.uuid4().hex[:10]
+    dbname = f"lp_test_{tag}"
+    with psycopg.connect(stack.postgres.url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+    pg_url = _url_with_db(stack.postgres.url, dbname)
+    redis_url = _url_with_db(stack.redis.url, str(TEST_REDIS_DB))
+    redis.Redis.from_url(redis_url).flushdb()
+    upgrade(pg_url)
+    config = platform_config(tag)
+    config.update(
+        {
+            "kafka": {"bootstrap_servers": stack.kafka.bootstrap_servers},
+            "redis": {"url": redis_url},
+            "postgres": {"url": pg_url},
+            "speed": {"app_id": f"speed-{tag}", "session_timeout_s": 6.0},
+            "spark": {"max_offsets_per_slice": 5000},
+        }
+    )
+    config_path = tmp_path / "lambda.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAMBDA_")}
+    env["LAMBDA_CONFIG"] = str(config_path)
+    yield Platform(Settings(**config), config, config_path, env)
+    with psycopg.connect(stack.postgres.url, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname))
+        )
+
+
+@pytest.fixture(scope="session")
+def spark(stack: Settings) -> Any:
+    """One in-process Spark session shared by the in-process tests (DESIGN.md budget)."""
+    from batch_layer import spark_session
+
+    session = spark_session(stack)
+    yield session
+    session.stop()

@@ -1,0 +1,147 @@
+"""The whole path once, with the real services: produce → batch run (Spark → PostgreSQL) →
+speed worker (Faust → Redis) → GET /series, compared with the brute-force oracle."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+import redis
+from confluent_kafka import Consumer, TopicPartition
+from fastapi.testclient import TestClient
+
+from batch_layer import queue_run, run_full
+from lambdactl.generator import GeneratorSpec, generate, produce
+from serving_layer import create_app
+from serving_layer.timefmt import format_time
+from shared.db.connect import connect
+from shared.db.served import read_served
+from shared.kafka import create_topics
+from shared.speed_store import fence_key
+from tests import oracle
+from tests.conftest import Platform
+
+pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
+
+MINUTE = 60_000
+
+
+def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
+    try:
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+            for p in range(partitions)
+        }
+    finally:
+        consumer.close()
+
+
+def wait_until_applied(platform: Platform, timeout_s: float = 180) -> None:
+    """Until the speed view's fence of every partition has reached the topic's end."""
+    source = platform.settings.sources[0]
+    ends = end_offsets(platform.settings.kafka.bootstrap_servers, source.topic, source.partitions)
+    client = redis.Redis.from_url(platform.settings.redis.url)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        fences = [client.hget(fence_key(source.topic, p), "offset") for p in range(len(ends))]
+        if all(
+            end == 0 or (f is not None and int(f) + 1 >= end)
+            for f, end in zip(fences, ends.values(), strict=True)
+        ):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"speed worker did not catch up: fences {fences}, ends {ends}")
+
+
+def expected_point(
+    metric: str, window_ms: int, start: int, key: tuple[str, ...], watermark: int,
+    batch_cells: dict[Any, Any], speed_cells: dict[Any, Any],
+) -> dict[str, Any] | None:
+    cell = (metric, window_ms, start, key)
+    if start + window_ms <= watermark:
+        return batch_cells.get(cell)
+    assert start >= watermark, "1m cells never straddle W"
+    return speed_cells.get(cell)
+
+
+def test_merged_series_equals_oracle_across_batch_and_speed(platform: Platform, spark: Any) -> None:
+    settings = platform.settings
+    source = settings.sources[0]
+    bootstrap = settings.kafka.bootstrap_servers
+    create_topics(settings)
+    now = int(time.time() * 1000) // MINUTE * MINUTE
+    history = GeneratorSpec(now - 150 * MINUTE, now - 40 * MINUTE, 6000, malformed_fraction=0.01,
+                            seed=1)
+    produce(bootstrap, source.topic, generate(history))
+
+    with connect(settings.postgres.url, autocommit=True) as conn:
+        run_id = queue_run(conn, "full")
+    summary = run_full(settings, spark, run_id)
+    assert summary.malformed > 0
+    with connect(settings.postgres.url, autocommit=True) as conn:
+        served = read_served(conn)
+        status = conn.execute("SELECT status FROM batch_runs WHERE id = %s", [run_id]).fetchone()
+    assert served is not None and status == ("succeeded",)
+    history_records = oracle.read_topic(bootstrap, source.topic)
+
+    live = GeneratorSpec(now - 35 * MINUTE, now, 3000, seed=2)
+    produce(bootstrap, source.topic, generate(live))
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "lambdactl", "speed"], env=platform.env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until_applied(platform)
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    all_records = oracle.read_topic(bootstrap, source.topic)
+
+    watermarks = {m: served.watermarks[m] for m in ("views_by_page", "views_total")}
+    batch_cells = oracle.compute_cells(platform.config, history_records)
+    speed_cells = oracle.compute_cells(platform.config, all_records, late_rule=True,
+                                       watermarks=watermarks)
+    start, end = now - 180 * MINUTE, now + MINUTE
+    sources_seen: set[str] = set()
+    mismatches: list[str] = []
+    with TestClient(create_app(settings)) as client:
+        for metric, key_params in [
+            ("views_total", {}),
+            ("views_by_page", {"page": "/"}),
+            ("views_by_page", {"page": "/page/3"}),
+        ]:
+            response = client.get(
+                f"/v1/metrics/{metric}/series",
+                params={"window": "1m", "start": format_time(start), "end": format_time(end),
+                        **key_params},
+            )
+            assert response.status_code == 200, response.text
+            body = response.json()
+            assert body["batch_watermark"] == format_time(watermarks[metric])
+            assert body["speed_status"] == "ok"
+            key = tuple(key_params.values())
+            got = {p["start"]: p for p in body["points"]}
+            for window_start in range(start, end, MINUTE):
+                want = expected_point(metric, MINUTE, window_start, key, watermarks[metric],
+                                      batch_cells, speed_cells)
+                point = got.pop(format_time(window_start), None)
+                if want is None:
+                    if point is not None:
+                        mismatches.append(f"{metric}{key} {window_start}: unexpected {point}")
+                    continue
+                if point is None:
+                    mismatches.append(f"{metric}{key} {window_start}: missing, want {want}")
+                    continue
+                sources_seen.add(point["source"])
+                fields = {k: v for k, v in point.items() if k not in ("start", "end", "source")}
+                mismatches += oracle.compare(
+                    {(metric, MINUTE, window_start, key): want},
+                    {(metric, MINUTE, window_start, key): fields},
+                )
+            assert not got, f"points outside the requested range: {list(got)}"
+    assert mismatches == []
+    assert sources_seen == {"batch", "speed"}

@@ -1,0 +1,517 @@
+"""Brute-force reference for every layer's tests (DESIGN.md, "Event validity" and "Semantics").
+
+Written independently of the project's code on purpose: it imports nothing from `shared`,
+`speed_layer`, `batch_layer`, `serving_layer` or `lambdactl`, so a bug there cannot hide in
+both the system and its reference. Everything is computed exactly and slowly: every event is
+kept, distinct counts are Python sets, sums are `math.fsum`.
+
+Choices the design leaves open, made here once:
+- JSON is strict: the value must be UTF-8 text holding one JSON object; `NaN`/`Infinity`
+  literals are not JSON, so such a record is malformed (a number too large for a double, such
+  as `1e999`, is JSON and makes the value field non-finite: a metric-level skip).
+- RFC 3339 follows its grammar: `T` separator, `Z` or `+hh:mm`/`-hh:mm` offset (`t` and `z` are
+  accepted, as the RFC allows), no leap second `60`, 1 to 6 fractional digits.
+- Any event time (integer or text) outside the years 1..9999 UTC is malformed.
+- A duplicate is dropped before any metric sees it; a skipped event is counted as skipped,
+  not late, for that metric.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+Cell = tuple[str, int, int, tuple[str, ...]]
+"""(metric name, window size in ms, window start in epoch ms, canonical key values)."""
+
+_UNITS_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_DURATION = re.compile(r"([0-9]+)([smhd])")
+_DISTINCT = re.compile(r"distinct\((.+)\)")
+_RFC3339 = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})"
+    r"(?:\.([0-9]{1,6}))?([Zz]|[+-][0-9]{2}:[0-9]{2})"
+)
+_EPOCH = datetime(1970, 1, 1)
+_MIN_MS = (datetime(1, 1, 1) - _EPOCH) // timedelta(milliseconds=1)
+_MAX_MS = (datetime(9999, 12, 31, 23, 59, 59, 999_000) - _EPOCH) // timedelta(milliseconds=1)
+_PLAIN_AGGREGATIONS = ("count", "sum", "min", "max", "avg")
+
+
+@dataclass(frozen=True)
+class Record:
+    """One Kafka record as the oracle sees it."""
+
+    topic: str
+    partition: int
+    offset: int
+    create_time_ms: int
+    value: bytes | None
+
+
+@dataclass
+class OracleResult:
+    """Cells plus the counts a layer reports (malformed, skipped, late, duplicates)."""
+
+    cells: dict[Cell, dict[str, float | int]]
+    malformed: dict[str, int]
+    skipped: dict[str, int]
+    late: dict[str, int]
+    duplicates: int
+    stream_time: dict[tuple[str, int], int]
+
+
+@dataclass
+class _Source:
+    name: str
+    topic: str
+    time_field: str
+    id_field: str | None
+    max_future_ms: int
+
+
+@dataclass
+class _Metric:
+    name: str
+    source: str
+    key: list[str]
+    value: str | None
+    aggregations: list[str]
+    distinct_fields: list[str]
+    windows_ms: list[int]
+    grace_ms: int
+
+    @property
+    def base_ms(self) -> int:
+        return min(self.windows_ms)
+
+
+@dataclass
+class _Acc:
+    count: int = 0
+    values: list[float] = field(default_factory=list)
+    distinct: dict[str, set[str]] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- config
+
+
+def parse_duration(text: str | int) -> int:
+    """`30s`, `2m`, `1h`, `1d` -> milliseconds (an int is taken as milliseconds)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    match = _DURATION.fullmatch(str(text).strip())
+    if match is None:
+        raise ValueError(f"not a duration: {text!r}")
+    return int(match.group(1)) * _UNITS_MS[match.group(2)]
+
+
+def _sources(config: dict[str, Any]) -> dict[str, _Source]:
+    return {
+        s["name"]: _Source(
+            name=s["name"],
+            topic=s["topic"],
+            time_field=s["time_field"],
+            id_field=s.get("id_field"),
+            max_future_ms=parse_duration(s.get("max_future", "5m")),
+        )
+        for s in config["sources"]
+    }
+
+
+def _metrics(config: dict[str, Any]) -> list[_Metric]:
+    metrics = []
+    for m in config["metrics"]:
+        aggregations = [str(a).strip() for a in m["aggregations"]]
+        distinct_fields = []
+        for a in aggregations:
+            match = _DISTINCT.fullmatch(a)
+            if match is not None:
+                distinct_fields.append(match.group(1))
+            elif a not in _PLAIN_AGGREGATIONS:
+                raise ValueError(f"oracle does not know aggregation {a!r}")
+            elif a != "count" and m.get("value") is None:
+                raise ValueError(f"metric {m['name']!r}: {a} needs a value field")
+        windows = [parse_duration(w) for w in m["windows"]]
+        if not windows or min(windows) <= 0:
+            raise ValueError(f"metric {m['name']!r}: windows must be positive")
+        metrics.append(
+            _Metric(
+                name=m["name"],
+                source=m["source"],
+                key=list(m.get("key") or []),
+                value=m.get("value"),
+                aggregations=aggregations,
+                distinct_fields=distinct_fields,
+                windows_ms=windows,
+                grace_ms=parse_duration(m.get("grace", "0s")),
+            )
+        )
+    return metrics
+
+
+# --------------------------------------------------------------------------- event validity
+
+
+def canonical(value: Any) -> str | None:
+    """A string is itself, an integer its decimal text; anything else has no canonical form."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return str(value)
+    return None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _decode(value: bytes | None) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    try:
+        decoded = json.loads(value.decode("utf-8"), parse_constant=_reject_constant)
+    except ValueError:
+        return None
+    return decoded if isinstance(decoded, dict) else None
+
+
+def parse_rfc3339_ms(text: str) -> int | None:
+    """Epoch ms (microseconds floored) of an RFC 3339 timestamp with offset, else None."""
+    match = _RFC3339.fullmatch(text)
+    if match is None:
+        return None
+    year, month, day, hour, minute, second = (int(match.group(i)) for i in range(1, 7))
+    micro = int((match.group(7) or "").ljust(6, "0"))
+    offset = match.group(8)
+    offset_minutes = 0
+    if offset not in ("Z", "z"):
+        off_h, off_m = int(offset[1:3]), int(offset[4:6])
+        if off_h > 23 or off_m > 59:
+            return None
+        offset_minutes = (off_h * 60 + off_m) * (1 if offset[0] == "+" else -1)
+    try:
+        local = datetime(year, month, day, hour, minute, second, micro)
+    except ValueError:
+        return None
+    utc_micros = (local - _EPOCH) // timedelta(microseconds=1) - offset_minutes * 60_000_000
+    return utc_micros // 1000
+
+
+def _event_time(raw: Any) -> int | None:
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str):
+        return parse_rfc3339_ms(raw)
+    return None
+
+
+def _validate(source: _Source, record: Record) -> tuple[dict[str, Any], int, str | None] | str:
+    """(event, event time ms, canonical id or None), or the reason the record is malformed."""
+    event = _decode(record.value)
+    if event is None:
+        return "not_json_object"
+    if source.time_field not in event:
+        return "time_missing"
+    event_time = _event_time(event[source.time_field])
+    if event_time is None:
+        return "time_invalid"
+    if not _MIN_MS <= event_time <= _MAX_MS:
+        return "time_out_of_range"
+    if event_time > record.create_time_ms + source.max_future_ms:
+        return "time_in_future"
+    event_id = None
+    if source.id_field is not None:
+        if source.id_field not in event:
+            return "id_missing"
+        event_id = canonical(event[source.id_field])
+        if event_id is None:
+            return "id_invalid"
+    return event, event_time, event_id
+
+
+def _metric_fields(
+    metric: _Metric, event: dict[str, Any]
+) -> tuple[tuple[str, ...], float | None, dict[str, str]] | None:
+    """(key, value, distinct values) of the event for this metric, or None when skipped."""
+    key = []
+    for dim in metric.key:
+        text = canonical(event.get(dim))
+        if text is None:
+            return None
+        key.append(text)
+    distinct = {}
+    for name in metric.distinct_fields:
+        text = canonical(event.get(name))
+        if text is None:
+            return None
+        distinct[name] = text
+    value = None
+    if metric.value is not None:
+        raw = event.get(metric.value)
+        if isinstance(raw, bool) or not isinstance(raw, int | float):
+            return None
+        try:
+            value = float(raw)
+        except OverflowError:
+            return None
+        if not math.isfinite(value):
+            return None
+    return tuple(key), value, distinct
+
+
+# --------------------------------------------------------------------------- computation
+
+
+def window_start(t_ms: int, size_ms: int) -> int:
+    """Start of the epoch-aligned tumbling window of `size_ms` holding `t_ms` (floor)."""
+    return t_ms - t_ms % size_ms
+
+
+def _bump(counter: dict[str, int], name: str) -> None:
+    counter[name] = counter.get(name, 0) + 1
+
+
+def compute(
+    config: dict[str, Any],
+    records: list[Record],
+    *,
+    late_rule: bool = False,
+    watermarks: dict[str, int] | None = None,
+) -> OracleResult:
+    """Every cell of every metric over `records`, with the layers' counts.
+
+    Without `late_rule` every valid, non-duplicate event counts (the batch's answer). With it,
+    rule 2 drops late events per metric, as the speed layer does; `watermarks` (metric -> W)
+    adds the `cell_end <= W` half of that rule.
+    """
+    if watermarks is not None and not late_rule:
+        raise ValueError("watermarks only apply with late_rule=True")
+    sources = _sources(config)
+    metrics = _metrics(config)
+    accs: dict[Cell, _Acc] = {}
+    malformed: dict[str, int] = {}
+    skipped = {m.name: 0 for m in metrics}
+    late = {m.name: 0 for m in metrics} if late_rule else {}
+    duplicates = 0
+    stream_time: dict[tuple[str, int], int] = {}
+
+    for source in sources.values():
+        source_metrics = [m for m in metrics if m.source == source.name]
+        seen_ids: set[str] = set()
+        ordered = sorted(
+            (r for r in records if r.topic == source.topic),
+            key=lambda r: (r.partition, r.offset),
+        )
+        for record in ordered:
+            parsed = _validate(source, record)
+            if isinstance(parsed, str):
+                _bump(malformed, parsed)
+                continue
+            event, event_time, event_id = parsed
+            where = (record.topic, record.partition)
+            stream_time[where] = max(stream_time.get(where, event_time), event_time)
+            if event_id is not None:
+                if event_id in seen_ids:
+                    duplicates += 1
+                    continue
+                seen_ids.add(event_id)
+            for metric in source_metrics:
+                fields = _metric_fields(metric, event)
+                if fields is None:
+                    _bump(skipped, metric.name)
+                    continue
+                if late_rule:
+                    base_end = window_start(event_time, metric.base_ms) + metric.base_ms
+                    w = (watermarks or {}).get(metric.name)
+                    if base_end + metric.grace_ms <= stream_time[where] or (
+                        w is not None and base_end <= w
+                    ):
+                        _bump(late, metric.name)
+                        continue
+                key, value, distinct = fields
+                for size in metric.windows_ms:
+                    cell = (metric.name, size, window_start(event_time, size), key)
+                    acc = accs.setdefault(cell, _Acc())
+                    acc.count += 1
+                    if value is not None:
+                        acc.values.append(value)
+                    for name, text in distinct.items():
+                        acc.distinct.setdefault(name, set()).add(text)
+
+    by_name = {m.name: m for m in metrics}
+    cells = {cell: _finish(by_name[cell[0]], acc) for cell, acc in accs.items()}
+    return OracleResult(cells, malformed, skipped, late, duplicates, stream_time)
+
+
+def _finish(metric: _Metric, acc: _Acc) -> dict[str, float | int]:
+    out: dict[str, float | int] = {}
+    for agg in metric.aggregations:
+        match = _DISTINCT.fullmatch(agg)
+        if match is not None:
+            out[f"distinct_{match.group(1)}"] = len(acc.distinct[match.group(1)])
+        elif agg == "count":
+            out["count"] = acc.count
+        elif agg == "sum":
+            out["sum"] = _sum(acc.values)
+        elif agg == "min":
+            out["min"] = min(acc.values)
+        elif agg == "max":
+            out["max"] = max(acc.values)
+        elif agg == "avg":
+            out["avg"] = _sum(acc.values) / acc.count
+    return out
+
+
+def _sum(values: list[float]) -> float:
+    try:
+        return math.fsum(values)
+    except OverflowError:
+        return sum(values)
+
+
+def compute_cells(
+    config: dict[str, Any],
+    records: list[Record],
+    *,
+    late_rule: bool = False,
+    watermarks: dict[str, int] | None = None,
+) -> dict[Cell, dict[str, float | int]]:
+    """`compute(...).cells`."""
+    return compute(config, records, late_rule=late_rule, watermarks=watermarks).cells
+
+
+def batch_watermark(
+    config: dict[str, Any], records: list[Record], metric_name: str, prev: int | None = None
+) -> int | None:
+    """W_m = max(prev, floor_base(max_p L_p - grace)) over `records` (rule 5)."""
+    metric = next(m for m in _metrics(config) if m.name == metric_name)
+    topic = _sources(config)[metric.source].topic
+    result = compute(config, [r for r in records if r.topic == topic])
+    latest = [t for (t_topic, _), t in result.stream_time.items() if t_topic == topic]
+    if not latest:
+        return prev
+    w = window_start(max(latest) - metric.grace_ms, metric.base_ms)
+    return w if prev is None else max(prev, w)
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def compare(
+    expected: dict[Cell, dict[str, Any]],
+    actual: dict[Cell, dict[str, Any]],
+    *,
+    rel: float = 1e-9,
+    distinct_rel: float = 0.05,
+    abs_tol: float = 1e-9,
+) -> list[str]:
+    """Human-readable differences between two cell maps; empty when they agree.
+
+    `count` must be equal; `distinct_*` within `distinct_rel` relative plus 1 (HLL, lg_k=12);
+    every other field within `rel` relative or `abs_tol` absolute (float sums cancel near 0).
+    """
+    lines = []
+    for cell in sorted(expected.keys() - actual.keys()):
+        lines.append(f"missing cell {cell}: expected {expected[cell]}")
+    for cell in sorted(actual.keys() - expected.keys()):
+        lines.append(f"extra cell {cell}: got {actual[cell]}")
+    for cell in sorted(expected.keys() & actual.keys()):
+        want, got = expected[cell], actual[cell]
+        for name in sorted(want.keys() - got.keys()):
+            lines.append(f"cell {cell}: field {name} missing (expected {want[name]})")
+        for name in sorted(got.keys() - want.keys()):
+            lines.append(f"cell {cell}: unexpected field {name} = {got[name]}")
+        for name in sorted(want.keys() & got.keys()):
+            e, a = want[name], got[name]
+            if not _is_number(a):
+                ok = False
+            elif name == "count":
+                ok = a == e
+            elif name.startswith("distinct_"):
+                ok = abs(a - e) <= distinct_rel * abs(e) + 1
+            else:
+                ok = math.isclose(a, e, rel_tol=rel, abs_tol=abs_tol)
+            if not ok:
+                lines.append(f"cell {cell}: {name} expected {e}, got {a}")
+    return lines
+
+
+# --------------------------------------------------------------------------- Kafka
+
+
+def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 60.0) -> list[Record]:
+    """Every committed record of `topic`, each partition from its start to its end offset.
+
+    End offsets are taken once, up front (read_committed: the last stable offset). A partition
+    is done when the consumer's position reaches its end offset (or the broker reports the
+    end there), never by counting records: transaction markers occupy offsets too. Raises
+    TimeoutError when no progress is made for `timeout_s` seconds.
+    """
+    from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"oracle-{uuid.uuid4()}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": True,
+        }
+    )
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
+        if metadata.error is not None:
+            raise KafkaException(metadata.error)
+        ends: dict[int, int] = {}
+        starts: list[TopicPartition] = []
+        for partition in sorted(metadata.partitions):
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=timeout_s
+            )
+            if low < high:
+                ends[partition] = high
+                starts.append(TopicPartition(topic, partition, low))
+        records: list[Record] = []
+        if not starts:
+            return records
+        consumer.assign(starts)
+        pending = set(ends)
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: partitions {sorted(pending)} did not reach the end")
+            msg = consumer.poll(0.5)
+            if msg is not None:
+                error, partition, offset = msg.error(), msg.partition(), msg.offset()
+                assert partition is not None and offset is not None
+                if error is None:
+                    deadline = time.monotonic() + timeout_s
+                    if offset < ends[partition]:
+                        create_time = msg.timestamp()[1]
+                        records.append(Record(topic, partition, offset, create_time, msg.value()))
+                elif error.code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(error)
+                elif offset >= ends[partition]:
+                    pending.discard(partition)
+            for tp in consumer.position([TopicPartition(topic, p) for p in pending]):
+                if tp.offset != OFFSET_INVALID and tp.offset >= ends[tp.partition]:
+                    pending.discard(tp.partition)
+        return sorted(records, key=lambda r: (r.partition, r.offset))
+    finally:
+        consumer.close()
