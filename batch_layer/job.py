@@ -35,13 +35,6 @@ class RunSummary:
     watermarks: dict[str, int | None] = field(default_factory=dict)
 
 
-def queue_run(conn: psycopg.Connection[Any], mode: str) -> int:
-    row = conn.execute(
-        "INSERT INTO batch_runs (mode, status) VALUES (%s, 'queued') RETURNING id", [mode]
-    ).fetchone()
-    return int(row[0])  # type: ignore[index]
-
-
 def run_full(settings: Settings, spark: SparkSession, run_id: int) -> RunSummary:
     """Recompute every metric from offset 0 up to a fresh snapshot and publish a generation."""
     with connect(settings.postgres.url) as conn:

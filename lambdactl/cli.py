@@ -99,12 +99,13 @@ def batch_run(
     if mode != "full":
         console.print("[red]only --mode full is available so far[/red]")
         raise typer.Exit(2)
-    from batch_layer import queue_run, run_full, spark_session
+    from batch_layer import run_full, spark_session
     from shared.db.connect import connect
+    from shared.db.runs import RunRequest, queue_run
 
     settings = _settings()
     with connect(settings.postgres.url, autocommit=True) as conn:
-        run_id = queue_run(conn, mode)
+        run_id = queue_run(conn, RunRequest("full"))[0]
     started = time.monotonic()
     with console.status(f"batch run {run_id} ({mode}) running..."):
         summary = run_full(settings, spark_session(settings), run_id)

@@ -49,8 +49,9 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None:
-    from batch_layer import queue_run, run_full, spark_session
+    from batch_layer import run_full, spark_session
     from shared.db.connect import connect
+    from shared.db.runs import RunRequest, queue_run
 
     source = settings.sources[0]
     bootstrap = settings.kafka.bootstrap_servers
@@ -73,7 +74,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
 
     def batch() -> None:
         with connect(settings.postgres.url, autocommit=True) as conn:
-            run_id = queue_run(conn, "full")
+            run_id = queue_run(conn, RunRequest("full"))[0]
         summary = run_full(settings, spark, run_id)
         console.print(f"batch run {run_id}: {summary.rows_in} records, W = {summary.watermarks}")
 

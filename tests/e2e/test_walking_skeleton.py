@@ -13,11 +13,12 @@ import redis
 from confluent_kafka import Consumer, TopicPartition
 from fastapi.testclient import TestClient
 
-from batch_layer import queue_run, run_full
+from batch_layer import run_full
 from lambdactl.generator import GeneratorSpec, generate, produce
 from serving_layer import create_app
 from serving_layer.timefmt import format_time
 from shared.db.connect import connect
+from shared.db.runs import RunRequest, queue_run
 from shared.db.served import read_served
 from shared.kafka import create_topics
 from shared.speed_store import fence_key
@@ -58,8 +59,13 @@ def wait_until_applied(platform: Platform, timeout_s: float = 180) -> None:
 
 
 def expected_point(
-    metric: str, window_ms: int, start: int, key: tuple[str, ...], watermark: int,
-    batch_cells: dict[Any, Any], speed_cells: dict[Any, Any],
+    metric: str,
+    window_ms: int,
+    start: int,
+    key: tuple[str, ...],
+    watermark: int,
+    batch_cells: dict[Any, Any],
+    speed_cells: dict[Any, Any],
 ) -> dict[str, Any] | None:
     cell = (metric, window_ms, start, key)
     if start + window_ms <= watermark:
@@ -74,12 +80,13 @@ def test_merged_series_equals_oracle_across_batch_and_speed(platform: Platform, 
     bootstrap = settings.kafka.bootstrap_servers
     create_topics(settings)
     now = int(time.time() * 1000) // MINUTE * MINUTE
-    history = GeneratorSpec(now - 150 * MINUTE, now - 40 * MINUTE, 6000, malformed_fraction=0.01,
-                            seed=1)
+    history = GeneratorSpec(
+        now - 150 * MINUTE, now - 40 * MINUTE, 6000, malformed_fraction=0.01, seed=1
+    )
     produce(bootstrap, source.topic, generate(history))
 
     with connect(settings.postgres.url, autocommit=True) as conn:
-        run_id = queue_run(conn, "full")
+        run_id = queue_run(conn, RunRequest("full"))[0]
     summary = run_full(settings, spark, run_id)
     assert summary.malformed > 0
     with connect(settings.postgres.url, autocommit=True) as conn:
@@ -91,8 +98,10 @@ def test_merged_series_equals_oracle_across_batch_and_speed(platform: Platform, 
     live = GeneratorSpec(now - 35 * MINUTE, now, 3000, seed=2)
     produce(bootstrap, source.topic, generate(live))
     worker = subprocess.Popen(
-        [sys.executable, "-m", "lambdactl", "speed"], env=platform.env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [sys.executable, "-m", "lambdactl", "speed"],
+        env=platform.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         wait_until_applied(platform)
@@ -103,8 +112,9 @@ def test_merged_series_equals_oracle_across_batch_and_speed(platform: Platform, 
 
     watermarks = {m: served.watermarks[m] for m in ("views_by_page", "views_total")}
     batch_cells = oracle.compute_cells(platform.config, history_records)
-    speed_cells = oracle.compute_cells(platform.config, all_records, late_rule=True,
-                                       watermarks=watermarks)
+    speed_cells = oracle.compute_cells(
+        platform.config, all_records, late_rule=True, watermarks=watermarks
+    )
     start, end = now - 180 * MINUTE, now + MINUTE
     sources_seen: set[str] = set()
     mismatches: list[str] = []
@@ -116,8 +126,12 @@ def test_merged_series_equals_oracle_across_batch_and_speed(platform: Platform, 
         ]:
             response = client.get(
                 f"/v1/metrics/{metric}/series",
-                params={"window": "1m", "start": format_time(start), "end": format_time(end),
-                        **key_params},
+                params={
+                    "window": "1m",
+                    "start": format_time(start),
+                    "end": format_time(end),
+                    **key_params,
+                },
             )
             assert response.status_code == 200, response.text
             body = response.json()
@@ -126,8 +140,9 @@ def test_merged_series_equals_oracle_across_batch_and_speed(platform: Platform, 
             key = tuple(key_params.values())
             got = {p["start"]: p for p in body["points"]}
             for window_start in range(start, end, MINUTE):
-                want = expected_point(metric, MINUTE, window_start, key, watermarks[metric],
-                                      batch_cells, speed_cells)
+                want = expected_point(
+                    metric, MINUTE, window_start, key, watermarks[metric], batch_cells, speed_cells
+                )
                 point = got.pop(format_time(window_start), None)
                 if want is None:
                     if point is not None:
