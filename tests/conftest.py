@@ -24,7 +24,8 @@ from psycopg import sql
 
 from shared.config import Settings
 
-TEST_REDIS_DB = 15
+TEST_REDIS_DB = int(os.environ.get("LP_TEST_REDIS_DB", "15"))
+"""Tests flush this Redis database; engineers running suites side by side pick different ones."""
 
 
 @pytest.fixture(scope="session")
