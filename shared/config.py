@@ -23,6 +23,7 @@ from pydantic import (
 )
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
@@ -37,13 +38,13 @@ Duration = Annotated[int, BeforeValidator(parse_duration)]
 RESERVED_DIMENSIONS = frozenset({"window", "start", "end", "at", "by", "n", "limit", "prefix"})
 PLAIN_AGGREGATIONS = ("count", "sum", "min", "max", "avg")
 VALUE_AGGREGATIONS = frozenset({"sum", "min", "max", "avg"})
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]{0,62}$")
-_FIELD = re.compile(r"^[^\s]{1,128}$")
-_DISTINCT = re.compile(r"^distinct\(\s*([^\s()]+)\s*\)$")
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_\-]{0,62}")
+_FIELD = re.compile(r"[^\s]{1,128}")
+_DISTINCT = re.compile(r"distinct\(\s*([^\s()]+)\s*\)")
 
 
 def _check_name(value: str, what: str) -> str:
-    if not _NAME.match(value):
+    if not _NAME.fullmatch(value):
         raise ValueError(
             f"{what} {value!r} must start with a letter and use only letters, digits, '_' or '-'"
         )
@@ -103,7 +104,7 @@ class MetricConfig(_Strict):
                     f"dimension name {dim!r} is reserved (it is a query parameter); rename it. "
                     f"Reserved: {', '.join(sorted(RESERVED_DIMENSIONS))}"
                 )
-            if not _FIELD.match(dim):
+            if not _FIELD.fullmatch(dim):
                 raise ValueError(f"dimension name {dim!r} must be non-empty with no spaces")
         if len(set(dims)) != len(dims):
             raise ValueError("key dimensions must be distinct")
@@ -115,13 +116,14 @@ class MetricConfig(_Strict):
         if not aggs:
             raise ValueError("list at least one aggregation")
         for agg in aggs:
-            if agg not in PLAIN_AGGREGATIONS and not _DISTINCT.match(agg):
+            if agg not in PLAIN_AGGREGATIONS and not _DISTINCT.fullmatch(agg):
                 raise ValueError(
                     f"unknown aggregation {agg!r}; allowed: count, sum, min, max, avg, "
                     "distinct(<field>)"
                 )
-        if len(set(aggs)) != len(aggs):
-            raise ValueError("aggregations must not repeat")
+        named = [_DISTINCT.sub(lambda m: f"distinct({m.group(1)})", agg) for agg in aggs]
+        if len(set(named)) != len(named):
+            raise ValueError("aggregations must not repeat (distinct(<field>) at most once a field)")
         return aggs
 
     @field_validator("windows")
@@ -162,7 +164,7 @@ class MetricConfig(_Strict):
         """Fields of the `distinct(<field>)` aggregations, in configured order."""
         fields = []
         for agg in self.aggregations:
-            match = _DISTINCT.match(agg)
+            match = _DISTINCT.fullmatch(agg)
             if match:
                 fields.append(match.group(1))
         return tuple(fields)
@@ -172,7 +174,7 @@ class MetricConfig(_Strict):
         """The names a point carries: `count`, ..., `distinct_<field>`, in configured order."""
         names = []
         for agg in self.aggregations:
-            match = _DISTINCT.match(agg)
+            match = _DISTINCT.fullmatch(agg)
             names.append(f"distinct_{match.group(1)}" if match else agg)
         return tuple(names)
 
@@ -194,10 +196,19 @@ class SparkSettings(_Strict):
     driver_memory: str = "2g"
     shuffle_partitions: int = Field(default=8, ge=1)
     max_offsets_per_slice: int = Field(default=250_000, ge=1)
+    conf: dict[str, str] = Field(default_factory=dict)
+    """Extra Spark properties, e.g. `spark.executor.memory` for a cluster."""
 
 
 class BatchConfig(_Strict):
     schedule: str = "hourly"
+    max_attempts: int = Field(default=3, ge=1)
+    """Attempts of a run before the runner gives up on it (retries are queued with backoff)."""
+    retry_backoff_s: float = Field(default=30.0, ge=0)
+    """Delay before the first retry; doubled for every further attempt."""
+    heartbeat_s: float = Field(default=2.0, gt=0)
+    poll_s: float = Field(default=2.0, gt=0)
+    """How often an idle runner looks for queued runs (and waits for the runner lock)."""
 
     @field_validator("schedule")
     @classmethod
@@ -216,17 +227,49 @@ class SpeedSettings(_Strict):
     session_timeout_s: float = Field(default=10.0, gt=0)
     cleanup_delay_s: float = Field(default=60.0, ge=0)
     ttl_days: int = Field(default=7, ge=7)
+    cleanup_interval_s: float = Field(default=10.0, gt=0)
+    """How often a worker deletes its partitions' cells at or before a served W and its
+    de-dup id sets that are late for every metric (rule 8)."""
+    max_poll_records: int = Field(default=20_000, ge=1)
+    """Records per fetch across the worker's partitions (one Redis apply per partition)."""
+    max_partition_fetch_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Port of the worker's Prometheus `/metrics` endpoint; 0 = off."""
+
+
+def _token_list(value: object) -> object:
+    """Tokens from the environment may be a JSON list or comma-separated text."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            return orjson.loads(text)
+        return tuple(t.strip() for t in text.split(",") if t.strip())
+    return value
+
+
+TokenList = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_token_list)]
 
 
 class AuthSettings(_Strict):
-    reader_tokens: tuple[str, ...] = ()
-    operator_tokens: tuple[str, ...] = ()
+    """Bearer tokens; with none configured the API is open (the local default)."""
+
+    reader_tokens: TokenList = ()
+    operator_tokens: TokenList = ()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.reader_tokens or self.operator_tokens)
 
 
 class ServingSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = 8000
     max_cells: int = Field(default=50_000, ge=1)
+    """The most base cells one request may touch (series, top, keys); beyond it a 400."""
+    max_top_n: int = Field(default=1000, ge=1)
+    max_keys_limit: int = Field(default=1000, ge=1)
+    kafka_timeout_s: float = Field(default=2.0, gt=0)
+    """How long `/v1/status` and `/readyz` wait for Kafka before reporting it unreachable."""
 
 
 class StackSettings(_Strict):

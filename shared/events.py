@@ -7,6 +7,7 @@ Neither raises on bad input: a rejection is a value carrying its reason.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -22,10 +23,41 @@ MIN_EVENT_MS = -62_135_596_800_000
 MAX_EVENT_MS = 253_402_300_799_999
 
 _RFC3339 = re.compile(
-    r"^(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,6}))?"
-    r"(?:([Zz])|([+-])(\d{2}):(\d{2}))$"
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{1,6}))?"
+    r"(?:([Zz])|([+-])([0-9]{2}):([0-9]{2}))"
 )
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+_EXACT_INT_LIMIT = 2.0**63
+"""orjson reads integers beyond 64 bits as floats; such a document is re-read exactly."""
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def decode_json(value: bytes) -> object:
+    """Decode a record value as strict JSON; raise ValueError when it is not.
+
+    orjson is the fast path. It rejects numbers that overflow a double (`1e400`) and reads
+    integers beyond 64 bits as floats; in both cases the text is valid JSON, so the standard
+    library re-reads it exactly (`1e400` becomes inf, a skip for the value field; a huge integer
+    keeps its digits, a valid dimension). `NaN`/`Infinity` and lone surrogates are not JSON;
+    nesting too deep for the decoders raises RecursionError."""
+    try:
+        decoded = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        pass
+    else:
+        if type(decoded) is not dict or not any(
+            type(v) is float and not -_EXACT_INT_LIMIT < v < _EXACT_INT_LIMIT
+            for v in decoded.values()
+        ):
+            return decoded
+    decoded = json.loads(value.decode("utf-8"), parse_constant=_reject_constant)
+    json.dumps(decoded, ensure_ascii=False).encode("utf-8")  # lone surrogates raise here
+    return decoded
 
 
 class Malformed(NamedTuple):
@@ -74,7 +106,7 @@ def parse_event_time(raw: object) -> int | None:
         return raw if MIN_EVENT_MS <= raw <= MAX_EVENT_MS else None
     if type(raw) is not str:
         return None
-    match = _RFC3339.match(raw)
+    match = _RFC3339.fullmatch(raw)
     if match is None:
         return None
     year, month, day, hour, minute, second, frac, zulu, sign, off_h, off_m = match.groups()
@@ -110,8 +142,8 @@ def parse_record(
     if value is None:
         return Malformed("not_json", "the record has no value")
     try:
-        fields = orjson.loads(value)
-    except orjson.JSONDecodeError as exc:
+        fields = decode_json(value)
+    except (ValueError, RecursionError) as exc:
         return Malformed("not_json", f"the value is not JSON: {exc}")
     if type(fields) is not dict:
         return Malformed("not_object", "the value is JSON but not an object")

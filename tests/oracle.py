@@ -178,7 +178,9 @@ def _decode(value: bytes | None) -> dict[str, Any] | None:
         return None
     try:
         decoded = json.loads(value.decode("utf-8"), parse_constant=_reject_constant)
-    except ValueError:
+        # A string with a lone surrogate (e.g. "\\ud800") is no Unicode text: not JSON here.
+        json.dumps(decoded, ensure_ascii=False).encode("utf-8")
+    except (ValueError, RecursionError):
         return None
     return decoded if isinstance(decoded, dict) else None
 
