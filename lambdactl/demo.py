@@ -10,11 +10,15 @@ import sys
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 
+import httpx
 from rich.console import Console
 
 from lambdactl.generator import GeneratorSpec, generate, produce
+from serving_layer.timefmt import format_time
 from shared.config import Settings
+from shared.errors import LambdaError
 
 MINUTE = 60_000
 
@@ -37,6 +41,22 @@ def _spawn(args: list[str], log_name: str, settings: Settings) -> subprocess.Pop
         stderr=subprocess.STDOUT,
         env=os.environ.copy(),
     )
+
+
+def _wait_for_api(base: str, server: subprocess.Popen[bytes], log: Path) -> None:
+    """Until the API answers; a server that exits (e.g. the port is taken) stops the demo."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            tail = log.read_text(errors="replace").splitlines()[-5:]
+            raise LambdaError("the API server exited:\n  " + "\n  ".join(tail))
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise LambdaError(f"the API did not answer at {base} within 60 s; see {log}")
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
@@ -76,23 +96,30 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
         with connect(settings.postgres.url, autocommit=True) as conn:
             run_id = queue_run(conn, RunRequest("full"))[0]
         summary = run_full(settings, spark, run_id)
-        console.print(f"batch run {run_id}: {summary.rows_in} records, W = {summary.watermarks}")
+        marks = ", ".join(
+            f"{m}={'none' if w is None else format_time(w)}" for m, w in summary.watermarks.items()
+        )
+        console.print(f"batch run {run_id}: {summary.rows_in} records; W: {marks}")
 
     batch()
     base = f"http://{settings.serving.host}:{settings.serving.port}"
     with ExitStack() as processes:
         processes.callback(_stop, _spawn(["speed"], "speed.log", settings))
-        processes.callback(_stop, _spawn(["serve"], "serve.log", settings))
+        server = _spawn(["serve"], "serve.log", settings)
+        processes.callback(_stop, server)
+        _wait_for_api(base, server, settings.stack.data_dir / "logs" / "serve.log")
         metric = settings.metrics[0]
-        key = "&".join(f"{d}=/" for d in metric.key)
+        key = "".join(f"&{d}=/" for d in metric.key)
+        hour_ago = int(time.time() * 1000) // MINUTE * MINUTE - 60 * MINUTE
         console.print(
             f"\n[bold green]The platform is running.[/bold green]\n"
             f"  dashboard: {base}/\n  API docs:  {base}/docs\n"
             f"  sample:    curl '{base}/v1/metrics/{metric.name}/series?window=1m"
-            f"&start=<now-1h, RFC 3339>&end=<now>&{key}'\n"
+            f"&start={format_time(hour_ago)}&end={format_time(hour_ago + 120 * MINUTE)}{key}'\n"
             f"  logs:      {settings.stack.data_dir / 'logs'}\n"
             "Live events flow now; a full batch run follows every "
-            f"{options.batch_every_s:.0f} s. Ctrl-C stops the demo (the stack keeps running).\n"
+            f"{options.batch_every_s:.0f} s. Ctrl-C stops the demo (the stack keeps running).\n",
+            soft_wrap=True,
         )
         started = last_batch = time.monotonic()
         sequence = 0
