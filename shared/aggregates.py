@@ -28,6 +28,20 @@ def union_sketches(sketches: Iterable[ds.hll_sketch]) -> ds.hll_sketch:
     return union.get_result(ds.tgt_hll_type.HLL_4)
 
 
+def sketch_estimate(sketch: ds.hll_sketch) -> float:
+    """The estimate of a sketch's registers alone, whatever merges built it.
+
+    A sketch fed item by item carries an HIP estimate that a union result does not; reading
+    every sketch through a union gives the one (composite) estimator in every layer, so a
+    window's distinct count does not depend on how its cells were put together. The second
+    update is what drops the HIP state (a union of one sketch copies it); it changes no
+    register."""
+    union = ds.hll_union(HLL_LG_K)
+    union.update(sketch)
+    union.update(sketch)
+    return float(union.get_estimate())
+
+
 def sketch_from_bytes(data: bytes) -> ds.hll_sketch:
     """Reads either layer's sketches (Spark's `hll_sketch_agg` emits HLL_8, we emit HLL_4)."""
     return ds.hll_sketch.deserialize(data)
@@ -101,7 +115,7 @@ class AggState:
         return cls(count, total, minimum, maximum, sketches)
 
     def distinct_estimates(self) -> list[float]:
-        return [sketch.get_estimate() for sketch in self.sketches]
+        return [sketch_estimate(sketch) for sketch in self.sketches]
 
     def outputs(self, metric: MetricConfig) -> dict[str, float | int | None]:
         """Exactly the metric's configured aggregations, named as the API names them."""
