@@ -123,7 +123,7 @@ class MetricConfig(_Strict):
                 )
         named = [_DISTINCT.sub(lambda m: f"distinct({m.group(1)})", agg) for agg in aggs]
         if len(set(named)) != len(named):
-            raise ValueError("aggregations must not repeat (distinct(<field>) at most once a field)")
+            raise ValueError("aggregations must not repeat (at most one distinct(<field>) a field)")
         return aggs
 
     @field_validator("windows")
@@ -198,6 +198,8 @@ class SparkSettings(_Strict):
     max_offsets_per_slice: int = Field(default=250_000, ge=1)
     conf: dict[str, str] = Field(default_factory=dict)
     """Extra Spark properties, e.g. `spark.executor.memory` for a cluster."""
+    fast_path: bool = True
+    """Decode Kafka records with `pyarrow.json` where it agrees with the shared parser."""
 
 
 class BatchConfig(_Strict):
@@ -221,8 +223,6 @@ class BatchConfig(_Strict):
 class SpeedSettings(_Strict):
     app_id: str = "lambda-speed"
     """The Faust app id, which is also the Kafka consumer group of the workers."""
-    take_max: int = Field(default=5000, ge=1)
-    take_within_s: float = Field(default=0.05, gt=0)
     watermark_refresh_s: float = Field(default=2.0, gt=0)
     session_timeout_s: float = Field(default=10.0, gt=0)
     cleanup_delay_s: float = Field(default=60.0, ge=0)
@@ -235,6 +235,12 @@ class SpeedSettings(_Strict):
     max_partition_fetch_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """Port of the worker's Prometheus `/metrics` endpoint; 0 = off."""
+    rebalance_timeout_s: float = Field(default=20.0, gt=0)
+    """How long the group coordinator waits for members to rejoin; the noida-db broker
+    always waits this long when a member rejoins under a new member id."""
+    gil_switch_interval_s: float = Field(default=0.0005, gt=0)
+    """`sys.setswitchinterval` of a worker: Faust's Kafka client runs in its own thread, and a
+    shorter interval hands the GIL back to it sooner after each socket call."""
 
 
 def _token_list(value: object) -> object:
