@@ -1,6 +1,19 @@
-"""Batch layer: PySpark recomputes the authoritative cells from the Kafka log into PostgreSQL."""
+"""Batch layer: PySpark recomputes the authoritative cells from the Kafka log into PostgreSQL.
 
-from batch_layer.job import run_full
+Public surface: `execute_run` (one queued run, any mode), `run_full` (one run as full),
+`run_runner` (the service: queued runs one at a time, the schedule, retries, dead runners),
+`runner_active`, `spark_session`."""
+
+from batch_layer.job import RunNotExecutable, RunSummary, execute_run, run_full
+from batch_layer.runner import run_runner, runner_active
 from batch_layer.spark import spark_session
 
-__all__ = ["run_full", "spark_session"]
+__all__ = [
+    "RunNotExecutable",
+    "RunSummary",
+    "execute_run",
+    "run_full",
+    "run_runner",
+    "runner_active",
+    "spark_session",
+]

@@ -6,11 +6,21 @@ Format name `lambda_kafka`. Options:
 - `source`: the source config as JSON (`SourceConfig.model_dump_json()`);
 - `metrics`: a JSON list of the source's metric configs;
 - `slices`: a JSON list of `[partition, start_offset, end_offset]` (end exclusive), at most
-  `max_offsets_per_slice` offsets each: one Spark input partition per slice.
+  `max_offsets_per_slice` offsets each: one Spark input partition per slice;
+- `fast_path` (default `true`): decode blocks of records with `pyarrow.json` where that
+  provably agrees with the shared parser (`batch_layer.decode`), else with the shared parser.
 
-Each source-valid or malformed record gives one *record row* (`metric` null: partition, offset,
-time_ms, event_id, malformed reason); each (source-valid record, metric) gives one *metric row*
-(key, value, distincts) or a `skip` reason. Slices are read with `isolation.level=read_committed`
+Example::
+
+    spark.dataSource.register(KafkaMetricInputs)
+    rows = (spark.read.format("lambda_kafka").option("bootstrap", "127.0.0.1:9092")
+            .option("source", source.model_dump_json()).option("metrics", metrics_json)
+            .option("slices", json.dumps(plan_slices({}, ends, 250_000))).load())
+
+Each record gives one row (`batch_layer.decode.arrow_schema`): partition, offset, time_ms,
+event_id and the malformed reason, then per metric i (in the order of the `metrics` option) its
+key `k<i>`, value `v<i>` and distinct values `d<i>`, or the reason `s<i>` it skips the event.
+Slices are read with `isolation.level=read_committed`
 and end when the consumer's position reaches the end offset (transaction markers take offsets
 too), never by counting records.
 """
@@ -20,32 +30,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-SCHEMA_DDL = (
-    "partition INT, offset BIGINT, time_ms BIGINT, event_id STRING, malformed STRING, "
-    "metric STRING, key ARRAY<STRING>, value DOUBLE, distincts ARRAY<STRING>, skip STRING"
-)
-ARROW_SCHEMA = pa.schema(
-    [
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("time_ms", pa.int64()),
-        ("event_id", pa.string()),
-        ("malformed", pa.string()),
-        ("metric", pa.string()),
-        ("key", pa.list_(pa.string())),
-        ("value", pa.float64()),
-        ("distincts", pa.list_(pa.string())),
-        ("skip", pa.string()),
-    ]
-)
-_ROWS_PER_BATCH = 20_000
+from batch_layer.decode import Decoder, schema_ddl
+
+_RECORDS_PER_BLOCK = 8192
 _STALL_S = 30.0
 
 
@@ -76,7 +69,7 @@ class KafkaMetricInputs(DataSource):
         return "lambda_kafka"
 
     def schema(self) -> str:
-        return SCHEMA_DDL
+        return schema_ddl(len(orjson.loads(self.options["metrics"])))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return _Reader(dict(self.options))
@@ -95,15 +88,20 @@ class _Reader(DataSourceReader):
         source = SourceConfig.model_validate_json(self.options["source"])
         metrics = [MetricConfig.model_validate(m) for m in orjson.loads(self.options["metrics"])]
         assert isinstance(partition, Slice)
-        builder = _RowBuilder(source, metrics)
-        for partition_no, offset, create_time_ms, value in read_slice(
+        decoder = Decoder(source, metrics, fast=self.options.get("fast_path", "true") == "true")
+        offsets: list[int] = []
+        create_times: list[int] = []
+        values: list[bytes | None] = []
+        for _partition, offset, create_time_ms, value in read_slice(
             self.options["bootstrap"], source.topic, partition
         ):
-            builder.add(partition_no, offset, create_time_ms, value)
-            if builder.size >= _ROWS_PER_BATCH:
-                yield builder.flush()
-        if builder.size:
-            yield builder.flush()
+            offsets.append(offset)
+            create_times.append(create_time_ms)
+            values.append(value)
+            if len(offsets) >= _RECORDS_PER_BLOCK:
+                yield from decoder.decode(partition.partition, offsets, create_times, values)
+                offsets, create_times, values = [], [], []
+        yield from decoder.decode(partition.partition, offsets, create_times, values)
 
 
 def read_slice(
@@ -145,63 +143,3 @@ def read_slice(
                 )
     finally:
         consumer.close()
-
-
-class _RowBuilder:
-    """Accumulates rows column-wise and emits Arrow record batches."""
-
-    def __init__(self, source: Any, metrics: Sequence[Any]) -> None:
-        self.source = source
-        self.metrics = metrics
-        self.columns: dict[str, list[Any]] = {name: [] for name in ARROW_SCHEMA.names}
-        self.size = 0
-
-    def _row(self, *values: Any) -> None:
-        for column, value in zip(self.columns.values(), values, strict=True):
-            column.append(value)
-        self.size += 1
-
-    def add(self, partition: int, offset: int, create_time_ms: int, value: bytes | None) -> None:
-        from shared.events import Malformed, Skipped, metric_input, parse_record
-
-        event = parse_record(value, create_time_ms, self.source)
-        if isinstance(event, Malformed):
-            self._row(partition, offset, None, None, event.reason, None, None, None, None, None)
-            return
-        self._row(
-            partition, offset, event.time_ms, event.event_id, None, None, None, None, None, None
-        )
-        for metric in self.metrics:
-            contribution = metric_input(event, metric)
-            if isinstance(contribution, Skipped):
-                self._row(
-                    partition,
-                    offset,
-                    event.time_ms,
-                    event.event_id,
-                    None,
-                    metric.name,
-                    None,
-                    None,
-                    None,
-                    contribution.reason,
-                )
-            else:
-                self._row(
-                    partition,
-                    offset,
-                    event.time_ms,
-                    event.event_id,
-                    None,
-                    metric.name,
-                    list(contribution.key),
-                    contribution.value,
-                    list(contribution.distincts),
-                    None,
-                )
-
-    def flush(self) -> pa.RecordBatch:
-        batch = pa.RecordBatch.from_pydict(self.columns, schema=ARROW_SCHEMA)
-        self.columns = {name: [] for name in ARROW_SCHEMA.names}
-        self.size = 0
-        return batch

@@ -1,14 +1,20 @@
-"""Atomic publication (rule 6) of a full run: a new generation is loaded into its own table,
-indexed and attached as a partition of `batch_cells`, the id table is replaced and the served
-row flipped, all in one transaction. A failed run rolls back and changes nothing served."""
+"""Atomic publication (rule 6). A full run loads a new generation into its own table, indexes
+and attaches it as a partition of `batch_cells`, replaces the id table and flips the served
+row, all in one transaction. Incremental and range runs upsert only the cells they changed
+into the served generation (incremental runs merge their new states into the stored ones),
+write their ids and update the served row, also in one transaction. A failed run rolls back
+and changes nothing served."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+import pyarrow as pa
+import pyarrow.csv as pacsv
 from psycopg import sql
 
 from shared.db.served import read_served
@@ -32,14 +38,14 @@ class Publication:
 def publish_full_generation(
     conn: psycopg.Connection[Any],
     cells: Iterable[tuple[Any, ...]],
-    ids: Iterable[tuple[str, str, int, int]],
+    ids: pa.Table | Iterable[tuple[str, str, int, int]],
     sources: Iterable[str],
     publication: Publication,
 ) -> tuple[int, int]:
     """Load, index, attach and flip in one transaction; returns (generation, cells written).
 
     `cells` are rows of (metric, version, window_ms, start_ms, key, count, sum, min, max,
-    sketches, distinct_estimates); `ids` rows of (source, event_id, partition, offset)."""
+    sketches, distinct_estimates); `ids` a table of (source, event_id, partition, offset)."""
     with conn.transaction():
         generation = conn.execute("SELECT nextval('batch_generation_seq')").fetchone()[0]  # type: ignore[index]
         table = sql.Identifier(f"batch_cells_g{generation}")
@@ -63,16 +69,64 @@ def publish_full_generation(
                 table, sql.Literal(generation)
             )
         )
-        conn.execute("DELETE FROM dedup_ids WHERE source = ANY(%s)", [list(sources)])
-        with conn.cursor().copy(
-            'COPY dedup_ids (source, event_id, partition, "offset") FROM STDIN'
-        ) as copy:
-            for id_row in ids:
-                copy.write_row(id_row)
+        _replace_ids(conn, list(sources), ids)
         fault_point("before_generation_flip")
         _flip(conn, generation, publication)
     drop_old_generations(conn)
     return generation, written
+
+
+def copy_ids(
+    conn: psycopg.Connection[Any], ids: pa.Table | Iterable[tuple[str, str, int, int]]
+) -> None:
+    """COPY (source, event_id, partition, offset) rows as CSV written by Arrow (no per-row
+    Python); every value is quoted, so an empty id stays an empty string, never NULL."""
+    if not isinstance(ids, pa.Table):
+        rows = list(ids)
+        ids = pa.table(
+            {
+                name: pa.array([row[i] for row in rows], kind)
+                for i, (name, kind) in enumerate(
+                    [
+                        ("source", pa.string()),
+                        ("event_id", pa.string()),
+                        ("partition", pa.int32()),
+                        ("offset", pa.int64()),
+                    ]
+                )
+            }
+        )
+    options = pacsv.WriteOptions(include_header=False, quoting_style="all_valid")
+    with conn.cursor().copy(
+        'COPY dedup_ids (source, event_id, partition, "offset") FROM STDIN (FORMAT csv)'
+    ) as copy:
+        for batch in ids.to_batches(max_chunksize=200_000):
+            sink = io.BytesIO()
+            pacsv.write_csv(batch, sink, write_options=options)
+            copy.write(sink.getvalue())
+
+
+def _replace_ids(
+    conn: psycopg.Connection[Any],
+    sources: list[str],
+    ids: pa.Table | Iterable[tuple[str, str, int, int]],
+) -> None:
+    """A full run's ids replace its sources' ids. When the table holds no other source it is
+    truncated and its key rebuilt after the load (much faster than deleting and inserting row
+    by row); only the batch layer reads it, one run at a time, inside this transaction."""
+    others = conn.execute(
+        "SELECT 1 FROM dedup_ids WHERE source <> ALL(%s) LIMIT 1", [sources]
+    ).fetchone()
+    if others is not None:
+        conn.execute("DELETE FROM dedup_ids WHERE source = ANY(%s)", [sources])
+        copy_ids(conn, ids)
+        return
+    conn.execute("TRUNCATE dedup_ids")
+    conn.execute("ALTER TABLE dedup_ids DROP CONSTRAINT dedup_ids_pkey")
+    copy_ids(conn, ids)
+    conn.execute(
+        "ALTER TABLE dedup_ids ADD CONSTRAINT dedup_ids_pkey PRIMARY KEY (source, event_id)"
+    )
 
 
 def _flip(conn: psycopg.Connection[Any], generation: int, publication: Publication) -> None:
@@ -96,6 +150,162 @@ def _flip(conn: psycopg.Connection[Any], generation: int, publication: Publicati
             Jsonb(publication.versions),
         ],
     )
+
+
+class PublicationConflict(RuntimeError):
+    """The served row changed under a run (another writer published): retry the run."""
+
+
+CellRow = tuple[Any, ...]
+"""(metric, version, window_ms, start_ms, key, count, sum, min, max, sketches, estimates)."""
+
+
+def _cell_key(row: CellRow) -> tuple[Any, ...]:
+    return (*row[:4], tuple(row[4]))
+
+
+def _lock_served(
+    conn: psycopg.Connection[Any], generation: int, snapshot: Mapping[str, Mapping[str, int]]
+) -> None:
+    row = conn.execute(
+        "SELECT generation, snapshot FROM served_view WHERE id = 1 FOR UPDATE"
+    ).fetchone()
+    if row is None or row[0] != generation or row[1] != snapshot:
+        raise PublicationConflict(
+            "the served view changed while this run was computing (another run published); "
+            "queue the run again"
+        )
+
+
+def _stage_cells(conn: psycopg.Connection[Any], cells: Iterable[CellRow]) -> int:
+    conn.execute("CREATE TEMP TABLE staged_cells (LIKE batch_cells) ON COMMIT DROP")
+    return _stage_cells_again(conn, cells)
+
+
+def _stage_cells_again(conn: psycopg.Connection[Any], cells: Iterable[CellRow]) -> int:
+    written = 0
+    with conn.cursor().copy(
+        sql.SQL("COPY staged_cells ({}) FROM STDIN").format(sql.SQL(_CELL_COLUMNS))
+    ) as copy:
+        for row in cells:
+            copy.write_row((0, *row))
+            written += 1
+    return written
+
+
+def _read_stored(conn: psycopg.Connection[Any], generation: int) -> dict[tuple[Any, ...], CellRow]:
+    """The served generation's cells at the staged cells' keys."""
+    rows = conn.execute(
+        """
+        SELECT c.metric, c.version, c.window_ms, c.start_ms, c.key, c.count, c.sum, c.min,
+               c.max, c.sketches, c.distinct_estimates
+        FROM staged_cells s JOIN batch_cells c
+          ON c.generation = %s AND c.metric = s.metric AND c.version = s.version
+         AND c.window_ms = s.window_ms AND c.start_ms = s.start_ms AND c.key = s.key
+        """,
+        [generation],
+    ).fetchall()
+    return {_cell_key(row): tuple(row) for row in rows}
+
+
+def merge_cell(stored: CellRow, new: CellRow) -> CellRow:
+    """The cell over both rows' events: counts and sums add, sketches union (rule 6)."""
+    from shared.aggregates import sketch_from_bytes, union_sketches
+
+    metric, version, window_ms, start_ms, key = new[:5]
+    count = stored[5] + new[5]
+    total = stored[6] + new[6]
+    lows = [v for v in (stored[7], new[7]) if v is not None]
+    highs = [v for v in (stored[8], new[8]) if v is not None]
+    sketches = [
+        union_sketches([sketch_from_bytes(bytes(a)), sketch_from_bytes(bytes(b))])
+        for a, b in zip(stored[9], new[9], strict=True)
+    ]
+    return (
+        metric,
+        version,
+        window_ms,
+        start_ms,
+        key,
+        count,
+        total,
+        min(lows) if lows else None,
+        max(highs) if highs else None,
+        [s.serialize_compact() for s in sketches],
+        [s.get_estimate() for s in sketches],
+    )
+
+
+def _upsert_staged(conn: psycopg.Connection[Any], generation: int) -> None:
+    conn.execute(
+        sql.SQL(
+            """
+            INSERT INTO batch_cells ({columns})
+            SELECT %s, metric, version, window_ms, start_ms, key, count, sum, min, max,
+                   sketches, distinct_estimates FROM staged_cells
+            ON CONFLICT (generation, metric, version, window_ms, start_ms, key) DO UPDATE SET
+                count = excluded.count, sum = excluded.sum, min = excluded.min,
+                max = excluded.max, sketches = excluded.sketches,
+                distinct_estimates = excluded.distinct_estimates
+            """
+        ).format(columns=sql.SQL(_CELL_COLUMNS)),
+        [generation],
+    )
+
+
+def publish_incremental(
+    conn: psycopg.Connection[Any],
+    generation: int,
+    previous_snapshot: Mapping[str, Mapping[str, int]],
+    new_cells: Iterable[CellRow],
+    ids: pa.Table | Iterable[tuple[str, str, int, int]],
+    publication: Publication,
+) -> int:
+    """Merge the new events' cells into the served generation's stored cells, insert the new
+    ids and advance the served row, in one transaction; returns the cells written."""
+    with conn.transaction():
+        _lock_served(conn, generation, previous_snapshot)
+        new_cells = list(new_cells)
+        _stage_cells(conn, new_cells)
+        stored = _read_stored(conn, generation)
+        merged = []
+        for row in new_cells:
+            old = stored.get(_cell_key(row))
+            merged.append(row if old is None else merge_cell(old, row))
+        conn.execute("TRUNCATE staged_cells")
+        written = _stage_cells_again(conn, merged)
+        _upsert_staged(conn, generation)
+        fault_point("mid_load")
+        copy_ids(conn, ids)
+        fault_point("before_generation_flip")
+        _flip(conn, generation, publication)
+    return written
+
+
+def publish_range(
+    conn: psycopg.Connection[Any],
+    generation: int,
+    snapshot: Mapping[str, Mapping[str, int]],
+    replaced: Iterable[tuple[str, str, int, int, int]],
+    cells: Iterable[CellRow],
+) -> int:
+    """Replace the served generation's cells in the recomputed ranges — `replaced` rows are
+    (metric, version, window_ms, first start, end of starts) — in one transaction; W, the
+    snapshot and `rebuild_from` stay as they are. Returns the cells written."""
+    with conn.transaction():
+        _lock_served(conn, generation, snapshot)
+        for metric, version, window_ms, lo, hi in replaced:
+            conn.execute(
+                "DELETE FROM batch_cells WHERE generation = %s AND metric = %s AND version = %s "
+                "AND window_ms = %s AND start_ms >= %s AND start_ms < %s",
+                [generation, metric, version, window_ms, lo, hi],
+            )
+        written = _stage_cells(conn, cells)
+        _upsert_staged(conn, generation)
+        fault_point("mid_load")
+        fault_point("before_generation_flip")
+        conn.execute("UPDATE served_view SET published_at = now() WHERE id = 1")
+    return written
 
 
 def drop_old_generations(conn: psycopg.Connection[Any]) -> None:

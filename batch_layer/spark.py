@@ -1,9 +1,16 @@
-"""The Spark session of the batch layer (local[*] by default, any master by config)."""
+"""The Spark session of the batch layer (`local[2]` by default, any master by config:
+`LAMBDA_SPARK__MASTER=spark://host:7077` for a standalone cluster). On a cluster the executors
+run the Python named by `PYSPARK_PYTHON` (default: this interpreter, so a cluster on this host
+uses the venv; elsewhere, install the project there and set it), and receive `shared` and
+`batch_layer` as a zip via `addPyFile`, so the workers need only the dependencies."""
 
 from __future__ import annotations
 
 import os
 import sys
+import tempfile
+import zipfile
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -14,18 +21,34 @@ def spark_session(settings: Settings) -> SparkSession:
     """One session per process; executors run this same Python, so they import `shared`."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    spark = (
+    builder = (
         SparkSession.builder.appName("lambda-batch")
         .master(settings.spark.master)
         .config("spark.driver.memory", settings.spark.driver_memory)
         .config("spark.sql.shuffle.partitions", str(settings.spark.shuffle_partitions))
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .getOrCreate()
     )
+    for key, value in settings.spark.conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    if not settings.spark.master.startswith("local"):
+        spark.sparkContext.addPyFile(str(_code_zip()))
     from batch_layer.kafka_source import KafkaMetricInputs
 
     spark.dataSource.register(KafkaMetricInputs)
     return spark
+
+
+def _code_zip() -> Path:
+    """`shared` and `batch_layer` as one zip for the executors' Python path."""
+    root = Path(__file__).resolve().parent.parent
+    target = Path(tempfile.mkdtemp(prefix="lambda-batch-")) / "lambda_code.zip"
+    with zipfile.ZipFile(target, "w") as archive:
+        for package in ("shared", "batch_layer"):
+            for path in (root / package).rglob("*.py"):
+                archive.write(path, path.relative_to(root))
+    return target

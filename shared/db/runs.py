@@ -54,6 +54,19 @@ class RunRecord:
     w_after: dict[str, int] | None
     generation: int | None
     error: str | None
+    attempt: int = 1
+    retry_of: int | None = None
+    not_before: datetime | None = None
+    runner: str | None = None
+    executed_mode: str | None = None
+    """The mode the run executed: an incremental or range run runs as `full` when the served
+    cells were computed with other metric versions (rule 7)."""
+    timings: dict[str, float] | None = None
+    """Seconds per phase (snapshot, read, aggregate, publish, total)."""
+
+    @property
+    def request(self) -> RunRequest:
+        return RunRequest(self.mode, self.range_start_ms, self.range_end_ms)  # type: ignore[arg-type]
 
 
 _COLUMNS = ", ".join(RunRecord.__dataclass_fields__)
@@ -111,3 +124,113 @@ def cancel_run(conn: psycopg.Connection[Any], run_id: int) -> bool:
         [run_id],
     ).fetchone()
     return row is not None
+
+
+RUNNER_LOCK = 0x6C616D62
+"""The advisory lock a runner holds while it may execute runs: at most one run at a time."""
+
+
+def try_runner_lock(conn: psycopg.Connection[Any]) -> bool:
+    """Take the runner lock for `conn`'s session (released by `release_runner_lock` or when
+    the session ends, a crash included); False when another session holds it."""
+    row = conn.execute("SELECT pg_try_advisory_lock(%s)", [RUNNER_LOCK]).fetchone()
+    return bool(row and row[0])
+
+
+def release_runner_lock(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("SELECT pg_advisory_unlock(%s)", [RUNNER_LOCK])
+
+
+def claim_next_run(conn: psycopg.Connection[Any], runner: str) -> RunRecord | None:
+    """Mark the oldest due queued run `running` for `runner` and return it (None: nothing due).
+
+    `FOR UPDATE SKIP LOCKED` keeps two claimers off one row; the runner lock keeps them off
+    two rows."""
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(
+            f"""
+            UPDATE batch_runs SET status = 'running', started_at = now(), heartbeat_at = now(),
+                runner = %s, progress = 0
+            WHERE id = (
+                SELECT id FROM batch_runs
+                WHERE status = 'queued' AND (not_before IS NULL OR not_before <= now())
+                ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED
+            )
+            RETURNING {_COLUMNS}
+            """,
+            [runner],
+        ).fetchone()
+    return None if row is None else RunRecord(**row)
+
+
+def heartbeat(conn: psycopg.Connection[Any], run_id: int, progress: float | None = None) -> None:
+    """Record that the run is alive (and its progress, which only ever grows)."""
+    conn.execute(
+        "UPDATE batch_runs SET heartbeat_at = now(), "
+        "progress = GREATEST(progress, COALESCE(%s, progress)) "
+        "WHERE id = %s AND status = 'running'",
+        [progress, run_id],
+    )
+
+
+def mark_failed(conn: psycopg.Connection[Any], run_id: int, error: str) -> bool:
+    """A running run failed (or its runner died); False when it was not running."""
+    row = conn.execute(
+        "UPDATE batch_runs SET status = 'failed', finished_at = now(), error = %s "
+        "WHERE id = %s AND status = 'running' RETURNING id",
+        [error, run_id],
+    ).fetchone()
+    return row is not None
+
+
+def fail_orphaned_runs(conn: psycopg.Connection[Any]) -> list[RunRecord]:
+    """Runs left `running` by a runner that died. Call only while holding the runner lock:
+    a live runner holds it for as long as its run is running, so every other `running` run is
+    an orphan (its heartbeat has stopped too)."""
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            f"""
+            UPDATE batch_runs SET status = 'failed', finished_at = now(),
+                error = 'the runner executing this run died (last heartbeat at '
+                        || COALESCE(heartbeat_at::text, 'never') || ')'
+            WHERE status = 'running'
+            RETURNING {_COLUMNS}
+            """
+        ).fetchall()
+    return [RunRecord(**row) for row in rows]
+
+
+def queue_retry(conn: psycopg.Connection[Any], failed: RunRecord, delay_s: float) -> int | None:
+    """Queue the next attempt of a failed run after `delay_s`; None when an identical request
+    is already queued (it will do the work)."""
+    with conn.transaction():
+        conn.execute("LOCK TABLE batch_runs IN SHARE ROW EXCLUSIVE MODE")
+        existing = conn.execute(
+            """
+            SELECT id FROM batch_runs
+            WHERE status = 'queued' AND mode = %s
+              AND range_start_ms IS NOT DISTINCT FROM %s AND range_end_ms IS NOT DISTINCT FROM %s
+            LIMIT 1
+            """,
+            [failed.mode, failed.range_start_ms, failed.range_end_ms],
+        ).fetchone()
+        if existing is not None:
+            return None
+        row = conn.execute(
+            """
+            INSERT INTO batch_runs (mode, range_start_ms, range_end_ms, status, attempt,
+                                    retry_of, not_before)
+            VALUES (%s, %s, %s, 'queued', %s, %s, now() + make_interval(secs => %s))
+            RETURNING id
+            """,
+            [
+                failed.mode,
+                failed.range_start_ms,
+                failed.range_end_ms,
+                failed.attempt + 1,
+                failed.id,
+                delay_s,
+            ],
+        ).fetchone()
+        assert row is not None
+        return int(row[0])

@@ -1,0 +1,197 @@
+"""Batch layer benchmark: full recompute throughput Kafka → Spark → PostgreSQL, and the cost of
+an incremental run for one new hour on top of 1x and 10x history (rule 7: cost follows new
+data, not history).
+
+    .venv/bin/python bench/batch.py --quick     # 1x = 100k, 10x = 1M events (~5 min)
+    .venv/bin/python bench/batch.py             # 1x = 1M, 10x = 10M events
+
+History is spread over 24 h of event time; the new hour holds 1/24 of the 1x history. Each run
+executes in one Spark session started up front, so session start-up is not in any figure.
+Ends with one line:
+`BENCH batch events=<n> events_per_s=<n> wall_s=<s> peak_rss_mb=<n> incr_1x_s=<s>
+incr_10x_s=<s> incr_ratio=<r>` where events/wall/throughput are the full run over the 10x
+history and peak RSS covers this process and its children (Spark's JVM, Python workers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg
+from psycopg import sql
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from batch_layer import execute_run, spark_session
+from lambdactl.generator import GeneratorSpec, generate, produce
+from lambdactl.stack import stack_up
+from shared.config import Settings
+from shared.db.connect import connect
+from shared.db.migrate import upgrade
+from shared.db.runs import RunRequest, queue_run
+from shared.kafka import admin_client, create_topics
+
+HOUR = 3_600_000
+
+
+class PeakRss(threading.Thread):
+    """Samples the RSS of this process and all its descendants."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        me = psutil.Process()
+        while not self.stop.wait(0.25):
+            total = 0
+            for proc in [me, *me.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    total += proc.memory_info().rss
+            self.peak = max(self.peak, total)
+
+
+@dataclass
+class World:
+    settings: Settings
+    dbname: str
+
+
+def make_world(base: Settings, tag: str) -> World:
+    dbname = f"lp_bench_{tag}"
+    with psycopg.connect(base.postgres.url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+    url = base.postgres.url.rpartition("/")[0] + f"/{dbname}"
+    upgrade(url)
+    config: dict[str, Any] = {
+        "sources": [
+            {
+                "name": "pageviews",
+                "topic": f"bench-{tag}",
+                "time_field": "ts",
+                "id_field": "event_id",
+                "partitions": 4,
+            }
+        ],
+        "metrics": [
+            {
+                "name": "views_by_page",
+                "source": "pageviews",
+                "key": ["page"],
+                "value": "latency_ms",
+                "aggregations": ["count", "sum", "min", "max", "avg", "distinct(user_id)"],
+                "windows": ["1m", "1h", "1d"],
+                "grace": "2m",
+            },
+            {
+                "name": "views_total",
+                "source": "pageviews",
+                "key": [],
+                "aggregations": ["count", "distinct(user_id)"],
+                "windows": ["1m", "1h"],
+                "grace": "2m",
+            },
+        ],
+        "kafka": {"bootstrap_servers": base.kafka.bootstrap_servers},
+        "postgres": {"url": url},
+        "spark": base.spark.model_dump(),
+    }
+    settings = Settings(**config)
+    create_topics(settings)
+    return World(settings, dbname)
+
+
+def drop_world(base: Settings, world: World) -> None:
+    with psycopg.connect(base.postgres.url, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(world.dbname))
+        )
+    source = world.settings.sources[0]
+    admin_client(base).delete_topics([source.topic, source.dlq_topic, source.late_topic])
+
+
+def fill(world: World, start_ms: int, end_ms: int, events: int, seed: int) -> float:
+    began = time.monotonic()
+    spec = GeneratorSpec(start_ms, end_ms, events, duplicate_fraction=0.01, seed=seed)
+    produce(world.settings.kafka.bootstrap_servers, world.settings.sources[0].topic, generate(spec))
+    return time.monotonic() - began
+
+
+def timed_run(world: World, spark: Any, mode: str) -> tuple[float, Any]:
+    with connect(world.settings.postgres.url, autocommit=True) as conn:
+        run_id, _ = queue_run(conn, RunRequest(mode))  # type: ignore[arg-type]
+    began = time.monotonic()
+    summary = execute_run(world.settings, spark, run_id)
+    return time.monotonic() - began, summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1x = 100k, 10x = 1M events")
+    parser.add_argument("--history", type=int, help="events of the 1x history (default 1M)")
+    args = parser.parse_args()
+    one_x = args.history or (100_000 if args.quick else 1_000_000)
+    base = Settings()
+    stack_up(base)
+    tag = uuid.uuid4().hex[:8]
+    print(f"load average {os.getloadavg()}, cpus {os.cpu_count()}", flush=True)
+    started = time.monotonic()
+    spark = spark_session(base)
+    print(f"spark session start-up {time.monotonic() - started:.1f} s (not counted)", flush=True)
+    now = int(time.time() * 1000) // HOUR * HOUR
+    worlds = [make_world(base, f"{tag}x1"), make_world(base, f"{tag}x10")]
+    rss = PeakRss()
+    rss.start()
+    try:
+        results: dict[str, float] = {}
+        for world, factor in zip(worlds, (1, 10), strict=True):
+            events = one_x * factor
+            took = fill(world, now - 25 * HOUR, now - HOUR, events, seed=factor)
+            print(f"{factor}x: produced {events} events in {took:.1f} s", flush=True)
+            wall, summary = timed_run(world, spark, "full")
+            print(
+                f"{factor}x: full run {wall:.1f} s, {summary.rows_in / wall:,.0f} events/s, "
+                f"{summary.rows_out} cells, phases {summary.timings}",
+                flush=True,
+            )
+            results[f"full_{factor}x_s"] = wall
+            results[f"full_{factor}x_events"] = summary.rows_in
+            fill(world, now - HOUR, now, one_x // 24, seed=100 + factor)
+            wall, summary = timed_run(world, spark, "incremental")
+            assert summary.mode == "incremental"
+            print(
+                f"{factor}x: incremental run for one new hour ({summary.rows_in} events) "
+                f"{wall:.1f} s, phases {summary.timings}",
+                flush=True,
+            )
+            results[f"incr_{factor}x_s"] = wall
+    finally:
+        rss.stop.set()
+        rss.join()
+        spark.stop()
+        for world in worlds:
+            drop_world(base, world)
+    events = int(results["full_10x_events"])
+    wall = results["full_10x_s"]
+    print(
+        f"BENCH batch events={events} events_per_s={events / wall:.0f} wall_s={wall:.1f} "
+        f"peak_rss_mb={rss.peak / 2**20:.0f} incr_1x_s={results['incr_1x_s']:.2f} "
+        f"incr_10x_s={results['incr_10x_s']:.2f} "
+        f"incr_ratio={results['incr_10x_s'] / results['incr_1x_s']:.2f}",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Helpers for the batch layer's tests: produce sample and edge-case events, read the served
+view the way a reader does (one REPEATABLE READ snapshot), compare with the oracle."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+import psycopg
+from confluent_kafka import Producer
+
+from lambdactl.generator import GeneratorSpec, SampleRecord, generate, produce
+from shared.aggregates import outputs_of
+from shared.config import Settings
+from shared.db.connect import connect
+from shared.db.runs import RunRecord, RunRequest, get_run, queue_run
+from shared.db.served import ServedView, read_served
+from tests import oracle
+
+MINUTE = 60_000
+HOUR = 60 * MINUTE
+DAY = 24 * HOUR
+
+RawCell = tuple[int, float, float | None, float | None, tuple[float, ...]]
+
+
+def produce_spec(settings: Settings, spec: GeneratorSpec) -> list[SampleRecord]:
+    records = list(generate(spec))
+    produce(settings.kafka.bootstrap_servers, settings.sources[0].topic, iter(records))
+    return records
+
+
+def produce_raw(settings: Settings, records: Iterable[tuple[bytes, bytes]]) -> None:
+    """Records as given (key, value): edge cases the generator does not make."""
+    producer = Producer({"bootstrap.servers": settings.kafka.bootstrap_servers})
+    for key, value in records:
+        producer.produce(settings.sources[0].topic, key=key, value=value)
+    assert producer.flush(30) == 0
+
+
+def edge_cases(ts: int) -> list[tuple[bytes, bytes]]:
+    """Ids as int and text (one id), RFC 3339 times, skips: each with a stable key."""
+
+    def ev(key: str, **fields: Any) -> tuple[bytes, bytes]:
+        return key.encode(), orjson.dumps(fields)
+
+    return [
+        ev("7", ts=ts, event_id=7, page="/edge", user_id=7, latency_ms=1.5),
+        ev("7", ts=ts + 1, event_id="7", page="/edge", user_id="7", latency_ms=99.0),
+        ev("r1", ts="2026-01-01T00:00:00Z", event_id="r1", page="/edge", user_id="a", latency_ms=2),
+        ev(
+            "r2",
+            ts="2026-01-01T01:30:00.123456+01:00",
+            event_id="r2",
+            page=5,
+            user_id="b",
+            latency_ms=3,
+        ),
+        ev("s1", ts=ts, event_id="s1", page="/edge", user_id="c", latency_ms=True),
+        ev("s2", ts=ts, event_id="s2", user_id="d", latency_ms=4),
+        ev("m1", ts=ts, event_id=1.5, page="/edge"),
+        (b"m2", b'{"ts": 1e3, "event_id": "m2"}'),
+    ]
+
+
+def queue(settings: Settings, request: RunRequest) -> int:
+    with connect(settings.postgres.url, autocommit=True) as conn:
+        return queue_run(conn, request)[0]
+
+
+def run_record(settings: Settings, run_id: int) -> RunRecord:
+    with connect(settings.postgres.url, autocommit=True) as conn:
+        record = get_run(conn, run_id)
+    assert record is not None
+    return record
+
+
+def read_view(
+    conn: psycopg.Connection[Any],
+) -> tuple[ServedView | None, dict[oracle.Cell, RawCell]]:
+    """The served row and its generation's cells, in one REPEATABLE READ snapshot."""
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    try:
+        served = read_served(conn)
+        if served is None:
+            return None, {}
+        rows = conn.execute(
+            "SELECT metric, window_ms, start_ms, key, count, sum, min, max, distinct_estimates "
+            "FROM batch_cells WHERE generation = %s",
+            [served.generation],
+        ).fetchall()
+    finally:
+        conn.execute("COMMIT")
+    cells = {
+        (m, w, s, tuple(k)): (c, total, lo, hi, tuple(est))
+        for m, w, s, k, c, total, lo, hi, est in rows
+    }
+    return served, cells
+
+
+def served_view(settings: Settings) -> tuple[ServedView | None, dict[oracle.Cell, RawCell]]:
+    with connect(settings.postgres.url, autocommit=True) as conn:
+        return read_view(conn)
+
+
+def as_points(settings: Settings, cells: dict[oracle.Cell, RawCell]) -> dict[oracle.Cell, Any]:
+    """Raw cells as the API's point fields (what the oracle computes)."""
+    out = {}
+    for cell, (count, total, lo, hi, estimates) in cells.items():
+        metric = settings.metric(cell[0])
+        assert metric is not None
+        out[cell] = outputs_of(metric, count, total, lo, hi, estimates)  # type: ignore[arg-type]
+    return out
+
+
+def oracle_mismatches(settings: Settings, config: dict[str, Any]) -> list[str]:
+    """The served cells against a brute force over every record of the topic."""
+    source = settings.sources[0]
+    records = oracle.read_topic(settings.kafka.bootstrap_servers, source.topic)
+    served, cells = served_view(settings)
+    assert served is not None
+    snapshot = {int(p): o for p, o in served.snapshot[source.topic].items()}
+    upto = [r for r in records if r.offset < snapshot.get(r.partition, 0)]
+    return oracle.compare(oracle.compute_cells(config, upto), as_points(settings, cells))
+
+
+def same_cells(a: dict[oracle.Cell, RawCell], b: dict[oracle.Cell, RawCell]) -> list[str]:
+    """Cell-for-cell equality: counts, min, max exact; sums to 1e-9; estimates within 1%."""
+    import math
+
+    problems = [f"only in first: {c}" for c in sorted(a.keys() - b.keys())]
+    problems += [f"only in second: {c}" for c in sorted(b.keys() - a.keys())]
+    for cell in sorted(a.keys() & b.keys()):
+        (c1, s1, lo1, hi1, e1), (c2, s2, lo2, hi2, e2) = a[cell], b[cell]
+        ok = (
+            c1 == c2
+            and lo1 == lo2
+            and hi1 == hi2
+            and math.isclose(s1, s2, rel_tol=1e-9, abs_tol=1e-9)
+            and all(
+                math.isclose(x, y, rel_tol=0.01, abs_tol=1) for x, y in zip(e1, e2, strict=True)
+            )
+        )
+        if not ok:
+            problems.append(f"{cell}: {a[cell]} != {b[cell]}")
+    return problems

@@ -1,0 +1,123 @@
+"""The same batch run on a real Spark standalone cluster (a master and one worker on loopback,
+started from the pyspark install), driven by a runner process with
+`LAMBDA_SPARK__MASTER=spark://127.0.0.1:<port>`."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyspark
+import pytest
+
+from lambdactl.generator import GeneratorSpec
+from shared.db.runs import RunRequest
+from shared.kafka import create_topics
+from tests.batch.helpers import HOUR, MINUTE, oracle_mismatches, produce_spec, queue, run_record
+from tests.conftest import Platform
+
+pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
+
+SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[str]:
+    port, ui = _free_port(), _free_port()
+    url = f"spark://127.0.0.1:{port}"
+    env = {
+        **os.environ,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_LOG_DIR": str(tmp_path),
+        "SPARK_WORKER_DIR": str(tmp_path / "work"),
+    }
+    logs = (tmp_path / "master.log").open("wb"), (tmp_path / "worker.log").open("wb")
+    master = subprocess.Popen(
+        [
+            str(SPARK_CLASS),
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--webui-port",
+            str(ui),
+        ],
+        env=env,
+        stdout=logs[0],
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    worker = subprocess.Popen(
+        [
+            str(SPARK_CLASS),
+            "org.apache.spark.deploy.worker.Worker",
+            "--host",
+            "127.0.0.1",
+            "--cores",
+            "2",
+            "--memory",
+            "1g",
+            "--webui-port",
+            str(_free_port()),
+            url,
+        ],
+        env=env,
+        stdout=logs[1],
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=2) as reply:
+                    if json.load(reply).get("aliveworkers", 0) >= 1:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-2000:]
+            time.sleep(1)
+        yield url
+    finally:
+        for proc in (worker, master):
+            proc.terminate()
+        for proc in (worker, master):
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for log in logs:
+            log.close()
+
+
+def test_batch_run_on_a_standalone_cluster(platform: Platform, cluster: str) -> None:
+    settings = platform.settings
+    create_topics(settings)
+    now = int(time.time() * 1000) // MINUTE * MINUTE
+    produce_spec(settings, GeneratorSpec(now - 2 * HOUR, now, 1000, seed=61))
+    run_id = queue(settings, RunRequest("full"))
+    env = {**platform.env, "LAMBDA_SPARK__MASTER": cluster, "LAMBDA_SPARK__DRIVER_MEMORY": "1g"}
+    job = subprocess.run(
+        [sys.executable, "-m", "batch_layer", "runner", "--once", "--no-schedule"],
+        env=env,
+        capture_output=True,
+        timeout=240,
+        check=False,
+    )
+    record = run_record(settings, run_id)
+    assert record.status == "succeeded", (record.error, job.stderr[-3000:])
+    assert oracle_mismatches(settings, platform.config) == []

@@ -1,0 +1,136 @@
+"""The pyarrow.json fast path decodes exactly what the shared parser decodes: the same rows,
+the same malformed and skipped reasons, for clean blocks and for blocks salted with edge cases."""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+import pyarrow as pa
+import pytest
+
+from batch_layer.decode import Decoder
+from lambdactl.generator import GeneratorSpec, generate
+from shared.config import Settings
+from tests.conftest import platform_config
+
+NOW = 1_780_000_000_000
+SETTINGS = Settings(**platform_config("decode"))
+SOURCE = SETTINGS.sources[0]
+METRICS = list(SETTINGS.metrics_of(SOURCE))
+
+EDGE_CASES: list[bytes | None] = [
+    None,
+    b"",
+    b"not json",
+    b"[1, 2]",
+    b"5",
+    b'{"ts": 1780000000000, "event_id": "a", "page": "/p", "user_id": "u", "latency_ms": true}',
+    b'{"ts": 1780000000000, "event_id": "b", "page": "/p", "user_id": "u", "latency_ms": 1}',
+    b'{"ts": 1780000000000, "event_id": "c", "page": "/p", "user_id": "u", "latency_ms": 1e999}',
+    b'{"ts": 1780000000000, "event_id": "d", "page": "/p", "user_id": "u", "latency_ms": NaN}',
+    b'{"ts": 1780000000000, "event_id": "e", "page": "/p", "user_id": "u", "latency_ms": 1e300}',
+    b'{"ts": 1780000000000, "event_id": "f", "page": "/p", "user_id": "u", '
+    b'"latency_ms": 99999999999999999999999}',
+    b'{"ts": 1780000000000, "event_id": "g", "page": "/p", "user_id": "u", '
+    b'"latency_ms": 9007199254740993}',
+    b'{"ts": 1780000000000.0, "event_id": "h", "page": "/p", "user_id": "u", "latency_ms": 1}',
+    b'{"ts": "2026-05-28T20:26:40Z", "event_id": "i", "page": "/p", "user_id": "u", '
+    b'"latency_ms": 1}',
+    b'{"ts": "2026-05-28T20:26:40.1234567Z", "event_id": "j", "page": "/p", "user_id": "u"}',
+    b'{"ts": "2026-05-28 20:26:40Z", "event_id": "k", "page": "/p", "user_id": "u"}',
+    b'{"ts": "2026-05-28T20:26:40+25:00", "event_id": "l", "page": "/p", "user_id": "u"}',
+    b'{"ts": 1780000000000, "ts": 1, "event_id": "m", "page": "/p", "user_id": "u", '
+    b'"latency_ms": 1}',
+    b'{"ts": 1780000000000, "event_id": "n", "event_id": "n2", "page": "/p", "user_id": "u", '
+    b'"latency_ms": 1}',
+    b'{"ts": 1780000000000, "event_id": 17, "page": 3, "user_id": 4, "latency_ms": 1}',
+    b'{"ts": 1780000000000, "event_id": 1.5, "page": "/p", "user_id": "u", "latency_ms": 1}',
+    b'{"ts": 1780000000000, "event_id": "o", "page": null, "user_id": "u", "latency_ms": 1}',
+    b'{"ts": 1780000000000, "event_id": "p", "user_id": "u", "latency_ms": 1}',
+    b'{"ts": 1780000000000, "event_id": "q", "page": "/p", "latency_ms": 1}',
+    b'{"ts": 1780000000000, "event_id": "r", "page": "/p", "user_id": "u"}',
+    b'{"ts": 1780000000000, "event_id": "s", "page": "/\\u00e9", "user_id": "u", "latency_ms": 1}',
+    b'{"ts": 1780000000000, "event_id": "t", "page": "\\ud800", "user_id": "u", "latency_ms": 1}',
+    '{"ts": 1780000000000, "event_id": "u", "page": "/é", "user_id": "ü"}'.encode(),
+    b'{"ts": 1780000000000, "event_id": "v", "page": "/\xff", "user_id": "u", "latency_ms": 1}',
+    b'{"ts": 1780000000000, "event_id": "w", "page": "/p", "user_id": "u", "latency_ms": 1}'
+    b'{"ts": 1780000000000, "event_id": "w2", "page": "/p", "user_id": "u", "latency_ms": 1}',
+    b'{"ts": 1780000000000,\n "event_id": "x", "page": "/p", "user_id": "u", "latency_ms": 1}',
+    b'{"ts": 1780000000000, "event_id": "y", "page": "/p", "user_id": "u", "latency_ms": 1}  ',
+    b'{"ts": 9780000000000, "event_id": "z", "page": "/p", "user_id": "u", "latency_ms": 1}',
+    b'{"ts": 99999999999999999, "event_id": "z1", "page": "/p", "user_id": "u"}',
+    b'{"ts": -62135596800001, "event_id": "z2", "page": "/p", "user_id": "u"}',
+    b'{"nested": {"ts": 1780000000000}, "event_id": "z3", "page": "/p", "user_id": "u"}',
+    b'{"ts": 1780000000000, "event_id": "z4", "page": "/p", "user_id": "u", "latency_ms": 1,'
+    b' "extra": [1, {"a": 99999999999999999999999}], "page2": "x"}',
+    b'{"ts": 1780000000000, "event_id": "z5", "page": "/p", "user_id": "u", "latency_ms": -0.0}',
+    b'{"ts": 1780000000000, "event_id": "z6", "page": "/p", "user_id": "u", "latency_ms": 1} x',
+    b'{"ts": true, "event_id": "z7", "page": "/p", "user_id": "u"}',
+    b'{"ts": 1780000000000, "event_id": "z8", "page": "/p", "user_id": "u", "latency_ms": "3"}',
+]
+
+
+def _decode(block: list[bytes | None], *, fast: bool) -> tuple[pa.Table, Decoder]:
+    decoder = Decoder(SOURCE, METRICS, fast=fast)
+    offsets = list(range(len(block)))
+    batches = list(decoder.decode(0, offsets, [NOW] * len(block), block))
+    table = pa.Table.from_batches(batches).sort_by("offset")
+    return table, decoder
+
+
+def _clean(n: int, seed: int) -> list[bytes | None]:
+    spec = GeneratorSpec(NOW - 3_600_000, NOW, n, duplicate_fraction=0.0, seed=seed)
+    return [r.value for r in generate(spec)]
+
+
+def test_clean_blocks_take_the_fast_path() -> None:
+    block = _clean(3000, 1)
+    fast, decoder = _decode(block, fast=True)
+    slow, _ = _decode(block, fast=False)
+    assert decoder.fast_records == 3000 and decoder.slow_records == 0
+    assert fast.equals(slow)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_salted_blocks_agree_with_the_shared_parser(seed: int) -> None:
+    rng = random.Random(seed)
+    block = _clean(20000, seed)
+    for case in EDGE_CASES:
+        block.insert(rng.randrange(len(block) + 1), case)
+    fast, decoder = _decode(block, fast=True)
+    slow, _ = _decode(block, fast=False)
+    assert decoder.fast_records > 8000, "clean neighbourhoods still take the fast path"
+    assert fast.to_pylist() == slow.to_pylist()
+
+
+@pytest.mark.parametrize("case", EDGE_CASES)
+def test_each_edge_case_alone(case: bytes | None) -> None:
+    block = [*_clean(3, 9), case]
+    fast, _ = _decode(block, fast=True)
+    slow, _ = _decode(block, fast=False)
+    assert fast.to_pylist() == slow.to_pylist()
+
+
+def test_random_floats_decode_identically() -> None:
+    rng = random.Random(5)
+    block: list[bytes | None] = []
+    for i in range(3000):
+        value = rng.choice(
+            [rng.random() * 10 ** rng.randint(-300, 15), rng.randint(-(10**15), 10**15)]
+        )
+        block.append(
+            orjson.dumps(
+                {
+                    "ts": NOW - i,
+                    "event_id": f"f{i}",
+                    "page": "/p",
+                    "user_id": "u",
+                    "latency_ms": value,
+                }
+            )
+        )
+    fast, decoder = _decode(block, fast=True)
+    slow, _ = _decode(block, fast=False)
+    assert decoder.fast_records == 3000
+    assert fast.to_pylist() == slow.to_pylist()
