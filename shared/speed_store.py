@@ -2,18 +2,21 @@
 
 Key scheme (every key carries a TTL of `speed.ttl_days` as a backstop only):
 - `lp:epoch` — a random marker; its absence means Redis lost its data (rule 9).
-- `lp:fence:<topic>:<partition>` — hash {offset, stream_time}: the last applied offset and the
-  partition's stream time (rule 3).
+- `lp:fence:<topic>:<partition>` — hash {offset, stream_time, defs}: the last applied offset,
+  the partition's stream time (rule 3) and a digest of the metric versions its cells hold.
 - `lp:cell:<metric>:<version>:<start_ms>:<partition>` — hash {key JSON -> AggState bytes}: one
   base cell's states for one source partition, written only by that partition's owner.
 - `lp:ids:<topic>:<partition>:<bucket_start>` — set of event ids seen in that event-time bucket
   (de-duplication, rule 4), dropped once the bucket is late for every metric of the source.
-- `lp:rebuilding` — set of `<topic>:<partition>` being rebuilt after a data loss.
+- `lp:rebuilding` — set of `<topic>:<partition>` being rebuilt after a data loss; the API
+  reports `speed_status: "rebuilding"` while it is not empty.
+- `lp:rebuild_until` — hash `<topic>:<partition>` -> the offset a rebuild must reach before
+  that member leaves `lp:rebuilding` (so whichever worker owns the partition can finish it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +25,7 @@ import redis
 
 EPOCH_KEY = "lp:epoch"
 REBUILDING_KEY = "lp:rebuilding"
+REBUILD_UNTIL_KEY = "lp:rebuild_until"
 
 APPLIED, FENCE_MOVED, EPOCH_LOST = 1, 0, -1
 
@@ -31,23 +35,31 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
 local current = redis.call('HGET', KEYS[2], 'offset')
 if (current or '') ~= ARGV[2] then return 0 end
 local ttl = tonumber(ARGV[5])
-redis.call('HSET', KEYS[2], 'offset', ARGV[3], 'stream_time', ARGV[4])
+redis.call('HSET', KEYS[2], 'offset', ARGV[3], 'defs', ARGV[8])
+if ARGV[4] == '' then
+  redis.call('HDEL', KEYS[2], 'stream_time')
+else
+  redis.call('HSET', KEYS[2], 'stream_time', ARGV[4])
+end
 redis.call('EXPIRE', KEYS[2], ttl)
 local n_hashes, n_sets = tonumber(ARGV[6]), tonumber(ARGV[7])
-local arg = 8
-for k = 3, 2 + n_hashes do
-  local n = tonumber(ARGV[arg]); arg = arg + 1
-  for i = 1, n do
-    redis.call('HSET', KEYS[k], ARGV[arg], ARGV[arg + 1]); arg = arg + 2
+local arg = 9
+local function write(command, key, first, last)
+  local chunk = 2000
+  for i = first, last, chunk do
+    redis.call(command, key, unpack(ARGV, i, math.min(i + chunk - 1, last)))
   end
-  redis.call('EXPIRE', KEYS[k], ttl)
+  redis.call('EXPIRE', key, ttl)
+end
+for k = 3, 2 + n_hashes do
+  local n = tonumber(ARGV[arg])
+  if n > 0 then write('HSET', KEYS[k], arg + 1, arg + 2 * n) end
+  arg = arg + 1 + 2 * n
 end
 for k = 3 + n_hashes, 2 + n_hashes + n_sets do
-  local n = tonumber(ARGV[arg]); arg = arg + 1
-  for i = 1, n do
-    redis.call('SADD', KEYS[k], ARGV[arg]); arg = arg + 1
-  end
-  redis.call('EXPIRE', KEYS[k], ttl)
+  local n = tonumber(ARGV[arg])
+  if n > 0 then write('SADD', KEYS[k], arg + 1, arg + n) end
+  arg = arg + 1 + n
 end
 return 1
 """
@@ -78,6 +90,9 @@ class Fence:
     offset: int | None
     """The last applied offset; None when nothing was applied yet."""
     stream_time: int | None
+    defs: str | None = None
+    """A digest of the metric versions the partition's cells were built with; a worker with
+    other definitions rebuilds the partition (rule 7 -> rule 9)."""
 
 
 @dataclass
@@ -120,10 +135,11 @@ class SpeedStore:
             epoch,
             "" if expected.offset is None else str(expected.offset),
             str(new_fence.offset),
-            str(new_fence.stream_time),
+            "" if new_fence.stream_time is None else str(new_fence.stream_time),
             self._ttl,
             len(batch.cells),
             len(batch.ids),
+            new_fence.defs or "",
         ]
         for key, fields in batch.cells.items():
             keys.append(key)
@@ -137,22 +153,64 @@ class SpeedStore:
         return int(self._apply(keys=keys, args=args))
 
     def read_fence(self, topic: str, partition: int) -> Fence:
-        raw = self._client.hmget(fence_key(topic, partition), ["offset", "stream_time"])
-        offset, stream_time = (None if v is None else int(v) for v in raw)
-        return Fence(offset, stream_time)
+        raw = self._client.hmget(fence_key(topic, partition), ["offset", "stream_time", "defs"])
+        offset, stream_time = (None if not v else int(v) for v in raw[:2])
+        defs = raw[2].decode() if isinstance(raw[2], bytes) and raw[2] else None
+        return Fence(offset, stream_time, defs)
 
-    def read_states(self, requests: Iterable[tuple[str, bytes]]) -> list[bytes | None]:
-        """Current states of (cell key, encoded key) pairs, pipelined in one round trip."""
+    def read_fields(self, requests: Mapping[str, Sequence[bytes]]) -> dict[str, list[bytes | None]]:
+        """Current states of the given fields of each cell hash, one HMGET each, one round trip."""
         pipe = self._client.pipeline(transaction=False)
-        for key, field_name in requests:
-            pipe.hget(key, field_name)
-        return pipe.execute()
+        names = list(requests)
+        for name in names:
+            pipe.hmget(name, list(requests[name]))
+        return dict(zip(names, pipe.execute(), strict=True))
 
-    def known_ids(self, requests: Iterable[tuple[str, str]]) -> list[bool]:
+    def known_ids(self, requests: Mapping[str, Sequence[str]]) -> dict[str, list[bool]]:
+        """Which of the given ids each de-dup set holds, one SMISMEMBER each, one round trip."""
         pipe = self._client.pipeline(transaction=False)
-        for key, member in requests:
-            pipe.sismember(key, member)
-        return [bool(v) for v in pipe.execute()]
+        names = list(requests)
+        for name in names:
+            pipe.smismember(name, list(requests[name]))
+        return {
+            name: [bool(v) for v in reply]
+            for name, reply in zip(names, pipe.execute(), strict=True)
+        }
+
+    def start_rebuild(self, members: Mapping[str, int]) -> None:
+        """Mark `<topic>:<partition>` members as rebuilding until their fence reaches the
+        offset given (kept in `lp:rebuild_until` so a new owner can finish the job)."""
+        if not members:
+            return
+        pipe = self._client.pipeline(transaction=True)
+        pipe.sadd(REBUILDING_KEY, *members)
+        for member, until in members.items():
+            pipe.hset(REBUILD_UNTIL_KEY, member, str(until))
+        pipe.expire(REBUILDING_KEY, self._ttl)
+        pipe.expire(REBUILD_UNTIL_KEY, self._ttl)
+        pipe.execute()
+
+    def rebuild_until(self, member: str) -> int | None:
+        raw = self._client.hget(REBUILD_UNTIL_KEY, member)
+        return None if raw is None else int(raw)
+
+    def finish_rebuild(self, member: str) -> None:
+        pipe = self._client.pipeline(transaction=True)
+        pipe.srem(REBUILDING_KEY, member)
+        pipe.hdel(REBUILD_UNTIL_KEY, member)
+        pipe.execute()
+
+    def scan_keys(self, pattern: str) -> list[str]:
+        return [
+            k.decode() if isinstance(k, bytes) else str(k)
+            for k in self._client.scan_iter(match=pattern, count=1000)
+        ]
+
+    def delete_keys(self, keys: Sequence[str]) -> int:
+        deleted = 0
+        for i in range(0, len(keys), 500):
+            deleted += int(self._client.unlink(*keys[i : i + 500]))
+        return deleted
 
 
 def read_cells(

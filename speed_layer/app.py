@@ -1,28 +1,69 @@
-"""The Faust app: consumption, partition assignment, rebalancing and offset commits are Faust's;
-each batch (`stream.take_events`) goes to the source's `SourceProcessor` (the semantics) and is
-applied to Redis in one fenced Lua call before Faust may commit its offsets (rule 3)."""
+"""The speed worker: Faust consumes (consumer group, assignment, rebalancing, offset commits);
+each fetched batch of a partition goes to its source's `SourceProcessor` and is applied to
+Redis in one fenced Lua call before its offsets may be committed (rule 3).
+
+Steps, by name:
+- `position_of` — where a partition is read from: its fence + 1; with no fence (never applied,
+  or Redis lost it) its `rebuild_from` from the served row (0 before any batch run).
+- `apply_batch` — decide and apply one partition's batch; on a failed compare-and-set forget
+  the fence and reposition the partition (the records fetched from the old position are
+  dropped by the consumer); on a lost epoch `start_rebuild`.
+- `start_rebuild` — rule 9: a new epoch, every owned partition marked in `lp:rebuilding` until
+  it is read back to where it was, positioned at `rebuild_from` with empty state.
+- `refresh_served` — W per metric and `rebuild_from`, re-read every `watermark_refresh_s`.
+- `cleanup` — rule 8: cells ending at or before a W served for `cleanup_delay_s`, and de-dup
+  id sets late for every metric, deleted for the partitions this worker owns.
+
+Memory (measured with `bench/speed.py --quick`: 306k sample events over 2 h, 4 partitions,
+`MEMORY USAGE` of every key): a (base cell, key, partition) state is ~140 bytes on average in
+its cell hash (count/sum/min/max header + HLL_4 sketches, small while sparse; a dense lg_k 12
+sketch is ~2.1 KB). A de-dup id costs ~58 bytes in its set; id sets live until their bucket is
+late for every metric (base window + grace + the partition's disorder), so they hold a few
+minutes of ids per partition (without cleanup: ~58 MB per 1M events).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
+import time
 import uuid
-from collections import defaultdict
 from collections.abc import Sequence
+from typing import Any
 
 import faust
 import redis
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
+from faust.types import TP
 
 from shared.config import Settings
 from shared.db.connect import connect
-from shared.db.served import read_served
+from shared.db.served import ServedView, read_served
 from shared.faults import fault_point
 from shared.kafka import check_topics
-from shared.speed_store import EPOCH_LOST, FENCE_MOVED, SpeedStore, ensure_epoch
-from speed_layer.processor import RawRecord, Rejected, SourceProcessor
+from shared.speed_store import (
+    APPLIED,
+    EPOCH_KEY,
+    EPOCH_LOST,
+    FENCE_MOVED,
+    Fence,
+    SpeedStore,
+    ensure_epoch,
+    fence_key,
+)
+from speed_layer.consumer import BatchConsumer, BatchTransport
+from speed_layer.metrics import SpeedMetrics
+from speed_layer.processor import KafkaRecord, Rejected, SourceProcessor
 
 log = logging.getLogger(__name__)
+
+_CUT_BYTES = 64 * 1024
+
+
+def _too_large(error: Exception) -> bool:
+    code = error.args[0].code() if error.args and isinstance(error.args[0], KafkaError) else None
+    return code == KafkaError.MSG_SIZE_TOO_LARGE
 
 
 class SpeedWorker:
@@ -33,42 +74,308 @@ class SpeedWorker:
         self.redis = redis.Redis.from_url(settings.redis.url)
         self.store = SpeedStore(self.redis, settings.speed.ttl_days * 86_400)
         self.producer = Producer(
-            {"bootstrap.servers": settings.kafka.bootstrap_servers, "linger.ms": 5}
+            {
+                "bootstrap.servers": settings.kafka.bootstrap_servers,
+                "linger.ms": 5,
+                "message.max.bytes": 16 * 1024 * 1024,
+            }
         )
+        self.metrics = SpeedMetrics()
         self.epoch = ensure_epoch(self.redis, uuid.uuid4().hex)
-        self.watermarks: dict[str, int | None] = {}
+        self.served: ServedView | None = None
+        self.watermarks: dict[str, int | None] = {m.name: None for m in settings.metrics}
+        self._w_seen: dict[str, list[tuple[float, int]]] = {}
         self.processors = {
             source.topic: SourceProcessor(settings, source, self.store, self.publish_rejected)
             for source in settings.sources
         }
+        self.rebuilding: dict[TP, int] = {}
         self.app = self._build_app()
+
+    # -- Kafka side outputs ---------------------------------------------------------------
 
     def publish_rejected(
         self, topic: str, partition: int, dead: Sequence[Rejected], late: Sequence[Rejected]
     ) -> None:
-        """Dead letters and late events, keyed `topic:partition:offset` so replays dedupe."""
+        """Dead letters and late events, keyed `topic:partition:offset` so replays dedupe,
+        delivered (and checked) before the batch is applied. A value the broker refuses as
+        too large goes out cut to its first `_CUT_BYTES`, with header `truncated: <size>`."""
+        failures: list[tuple[str, Rejected, str, Exception]] = []
         for target, rejected, header in ((".dlq", dead, "reason"), (".late", late, "metrics")):
             for item in rejected:
+                self._produce(topic + target, partition, item, header, failures)
+        if not (dead or late):
+            return
+        self._flush()
+        retry, failures = failures, []
+        for target_topic, item, header, error in retry:
+            if not _too_large(error) or item.value is None:
+                raise RuntimeError(
+                    f"could not publish {target_topic} record {item.offset}: {error}; the "
+                    "batch is not applied (it is read again on restart)"
+                )
+            cut = Rejected(item.offset, item.value[:_CUT_BYTES], item.why)
+            self._produce(
+                target_topic,
+                partition,
+                cut,
+                header,
+                failures,
+                extra=[("truncated", str(len(item.value)).encode())],
+            )
+        if retry:
+            self._flush()
+        if failures:
+            raise RuntimeError(f"could not publish dead letters / late events: {failures[0][3]}")
+
+    def _produce(
+        self,
+        target_topic: str,
+        partition: int,
+        item: Rejected,
+        header: str,
+        failures: list[tuple[str, Rejected, str, Exception]],
+        extra: Sequence[tuple[str, bytes]] = (),
+    ) -> None:
+        source_topic = target_topic[: target_topic.rindex(".")]
+
+        def delivered(error: Any, _message: Any) -> None:
+            if error is not None:
+                failures.append((target_topic, item, header, KafkaException(error)))
+
+        while True:
+            try:
                 self.producer.produce(
-                    topic + target,
-                    key=f"{topic}:{partition}:{item.offset}",
+                    target_topic,
+                    key=f"{source_topic}:{partition}:{item.offset}",
                     value=item.value,
                     partition=partition,
-                    headers=[(header, item.why.encode())],
+                    headers=[(header, item.why.encode()), *extra],
+                    on_delivery=delivered,
                 )
-        if dead or late:
-            self.producer.flush(10)
+                return
+            except BufferError:
+                self.producer.poll(0.1)
+            except KafkaException as exc:
+                failures.append((target_topic, item, header, exc))
+                return
 
-    def refresh_watermarks(self) -> None:
-        """W per metric (rule 2's second clause), re-read every few seconds."""
+    def _flush(self) -> None:
+        remaining = self.producer.flush(30)
+        if remaining:
+            raise RuntimeError(
+                f"{remaining} dead letters / late events were not delivered to Kafka within "
+                "30 s; the batch is not applied (it is read again on restart)"
+            )
+
+    # -- W, rebuild_from --------------------------------------------------------------------
+
+    def refresh_served(self) -> None:
+        """W per metric (rule 2's second clause) and `rebuild_from`, from the served row."""
         with connect(self.settings.postgres.url, autocommit=True) as conn:
             served = read_served(conn)
-        self.watermarks = {
+        watermarks = {
             m.name: None
             if served is None
             else served.watermark(m.name, self.settings.metric_version(m))
             for m in self.settings.metrics
         }
+        now = time.monotonic()
+        for name, w in watermarks.items():
+            seen = self._w_seen.setdefault(name, [])
+            if w is not None and (not seen or seen[-1][1] != w):
+                seen.append((now, w))
+        self.served, self.watermarks = served, watermarks
+
+    def rebuild_from(self, tp: TP) -> int:
+        served = self.served
+        if served is None:
+            return 0
+        return int(served.rebuild_from.get(tp.topic, {}).get(str(tp.partition), 0))
+
+    # -- positioning, apply, rebuild ----------------------------------------------------------
+
+    @property
+    def consumer(self) -> BatchConsumer:
+        return self.app.consumer  # type: ignore[return-value]
+
+    async def position_of(self, tp: TP) -> int:
+        """Fence + 1, or `rebuild_from` when the partition has no fence (rule 3, rule 9) or
+        its fence was written with other metric definitions (rule 7: every cell of the
+        partition is rebuilt with empty state under the current versions, and its de-dup ids
+        are dropped so the replay counts every event once)."""
+        processor = self.processors[tp.topic]
+        processor.forget(tp.partition)
+        fence = processor.fence(tp.partition)
+        member = f"{tp.topic}:{tp.partition}"
+        until = self.store.rebuild_until(member)
+        if fence.offset is not None and fence.defs not in (None, processor.defs):
+            until = max(until or 0, fence.offset + 1)
+            self.store.start_rebuild({member: until})
+            stale = self.store.scan_keys(f"lp:ids:{tp.topic}:{tp.partition}:*")
+            for metric in processor.metrics:
+                pattern = f"lp:cell:{metric.config.name}:{metric.version}:*:{tp.partition}"
+                stale += self.store.scan_keys(pattern)
+            self.store.delete_keys([fence_key(tp.topic, tp.partition), *stale])
+            processor.forget(tp.partition)
+            fence = processor.fence(tp.partition)
+            self.metrics.rebuilds.inc()
+            log.warning(
+                "event=rebuild_partition reason=metric_definitions topic=%s partition=%d until=%d",
+                tp.topic,
+                tp.partition,
+                until,
+            )
+        if fence.offset is not None:
+            target = fence.offset + 1
+        else:
+            await asyncio.to_thread(self.refresh_served)
+            target = self.rebuild_from(tp)
+            committed = self.consumer._committed_offset.get(tp)
+            if until is None and committed is not None and committed > target:
+                until = committed
+                self.store.start_rebuild({member: until})
+                self.metrics.rebuilds.inc()
+                log.warning(
+                    "event=rebuild_partition topic=%s partition=%d from=%d until=%d",
+                    tp.topic,
+                    tp.partition,
+                    target,
+                    until,
+                )
+        if until is not None:
+            if target >= until:
+                self.store.finish_rebuild(member)
+                self.rebuilding.pop(tp, None)
+            else:
+                self.rebuilding[tp] = until
+        log.info("event=position topic=%s partition=%d offset=%d", tp.topic, tp.partition, target)
+        return target
+
+    async def apply_batch(self, tp: TP, records: Sequence[KafkaRecord]) -> None:
+        """Decide and apply one partition's batch; no await inside, so a stop or a rebalance
+        never lands between the Redis apply and the offset it allows to commit."""
+        processor = self.processors[tp.topic]
+        started = time.perf_counter()
+        outcome = processor.process(self.epoch, tp.partition, records, self.watermarks)
+        metrics = self.metrics
+        if outcome.status == APPLIED:
+            metrics.apply_seconds.observe(time.perf_counter() - started)
+            metrics.events.labels(tp.topic).inc(outcome.records)
+            if outcome.duplicates:
+                metrics.duplicates.labels(tp.topic).inc(outcome.duplicates)
+            for name, n in outcome.late_by_metric.items():
+                metrics.late.labels(name).inc(n)
+            for item in outcome.dead_letters:
+                metrics.dead_letters.labels(tp.topic, item.why).inc()
+            for (name, reason), n in outcome.skipped.items():
+                metrics.skipped.labels(name, reason).inc(n)
+            fault_point("after_redis_apply_before_commit")
+            if outcome.fence.offset is not None:
+                self.consumer.mark_applied(tp, outcome.fence.offset + 1)
+                until = self.rebuilding.get(tp)
+                if until is not None and outcome.fence.offset + 1 >= until:
+                    self.store.finish_rebuild(f"{tp.topic}:{tp.partition}")
+                    del self.rebuilding[tp]
+                    log.info("event=rebuild_done topic=%s partition=%d", tp.topic, tp.partition)
+        elif outcome.status == FENCE_MOVED:
+            metrics.fence_conflicts.labels(tp.topic).inc()
+            self.consumer.reposition([tp])
+        elif outcome.status == EPOCH_LOST:
+            self.start_rebuild()
+
+    def epoch_lost(self) -> bool:
+        """True when the epoch marker is gone or replaced: Redis lost the speed view."""
+        current = self.redis.get(EPOCH_KEY)
+        if current is None:
+            return True
+        return (current.decode() if isinstance(current, bytes) else str(current)) != self.epoch
+
+    def start_rebuild(self) -> None:
+        """Rule 9: the epoch marker vanished, so Redis lost the speed view. Rebuild every owned
+        partition from `rebuild_from` with empty state, marked `rebuilding` until it is read
+        back to where this worker was."""
+        self.epoch = ensure_epoch(self.redis, uuid.uuid4().hex)
+        self.refresh_served()
+        consumer = self.consumer
+        members: dict[str, int] = {}
+        owned = consumer.assignment()
+        for tp in owned:
+            self.processors[tp.topic].forget(tp.partition)
+            reached = max(consumer._applied.get(tp, 0), consumer._read_offset.get(tp) or 0)
+            target = self.rebuild_from(tp)
+            if reached > target:
+                members[f"{tp.topic}:{tp.partition}"] = reached
+        self.store.start_rebuild(members)
+        self.metrics.rebuilds.inc()
+        log.warning("event=rebuild_started epoch=%s partitions=%s", self.epoch, sorted(members))
+        consumer.reposition(owned)
+
+    # -- housekeeping ------------------------------------------------------------------------
+
+    def safe_watermark(self, metric: str) -> int | None:
+        """The largest W of `metric` served for at least `cleanup_delay_s` (rule 8)."""
+        delay = self.settings.speed.cleanup_delay_s
+        now = time.monotonic()
+        ready = [w for seen_at, w in self._w_seen.get(metric, []) if now - seen_at >= delay]
+        return max(ready, default=None)
+
+    def cleanup(self, owned: set[TP]) -> tuple[int, int]:
+        """Delete owned cells ending at or before a long-served W, and owned de-dup id sets
+        whose bucket is late for every metric of the source. Returns (cells, id sets)."""
+        by_topic: dict[str, set[int]] = {}
+        for tp in owned:
+            by_topic.setdefault(tp.topic, set()).add(tp.partition)
+        cells: list[str] = []
+        id_sets: list[str] = []
+        for topic, partitions in by_topic.items():
+            processor = self.processors[topic]
+            for metric in processor.metrics:
+                safe = self.safe_watermark(metric.config.name)
+                if safe is None:
+                    continue
+                prefix = f"lp:cell:{metric.config.name}:{metric.version}:"
+                for key in self.store.scan_keys(prefix + "*"):
+                    start, _, partition = key[len(prefix) :].partition(":")
+                    if int(partition) in partitions and int(start) + metric.base <= safe:
+                        cells.append(key)
+            prefix = f"lp:ids:{topic}:"
+            for key in self.store.scan_keys(prefix + "*"):
+                partition, _, bucket = key[len(prefix) :].partition(":")
+                if int(partition) not in partitions:
+                    continue
+                fence = processor.known_fence(int(partition))
+                if fence is not None and self._late_for_all(processor, int(bucket), fence):
+                    id_sets.append(key)
+        if cells:
+            self.store.delete_keys(cells)
+        if id_sets:
+            self.store.delete_keys(id_sets)
+        return len(cells), len(id_sets)
+
+    def _late_for_all(self, processor: SourceProcessor, bucket: int, fence: Fence) -> bool:
+        for metric in processor.metrics:
+            end = bucket - bucket % metric.base + metric.base
+            w = self.watermarks.get(metric.config.name)
+            late = (fence.stream_time is not None and end + metric.grace <= fence.stream_time) or (
+                w is not None and end <= w
+            )
+            if not late:
+                return False
+        return True
+
+    def report_lag(self) -> None:
+        consumer = self.consumer
+        for tp in consumer.assignment():
+            try:
+                end = consumer.highwater(tp)
+            except Exception:
+                continue
+            position = consumer._applied.get(tp)
+            if end is not None and position is not None:
+                self.metrics.lag.labels(tp.topic, str(tp.partition)).set(max(end - position, 0))
+
+    # -- the Faust app ---------------------------------------------------------------------
 
     def _build_app(self) -> faust.App:
         speed = self.settings.speed
@@ -80,59 +387,67 @@ class SpeedWorker:
             store="memory://",
             web_enabled=False,
             broker_session_timeout=speed.session_timeout_s,
+            broker_rebalance_timeout=speed.rebalance_timeout_s,
             broker_heartbeat_interval=max(speed.session_timeout_s / 6, 0.5),
+            broker_max_poll_records=speed.max_poll_records,
+            consumer_max_fetch_size=speed.max_partition_fetch_bytes,
+            broker_commit_interval=1.0,
             consumer_auto_offset_reset="earliest",
             topic_allow_declare=False,
             topic_disable_leader=True,
         )
+        app.transport = BatchTransport(app.conf.broker_consumer, app)
         for source in self.settings.sources:
-            topic = app.topic(source.topic, value_serializer="raw", key_serializer="raw")
-            app.agent(topic, name=f"speed-{source.name}")(self._agent_for(source.topic))
+            app.topics.add(app.topic(source.topic, value_serializer="raw", key_serializer="raw"))
+
+        @app.on_partitions_revoked.connect
+        def on_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+            revoked: set[TP] = args[0]
+            for tp in revoked:
+                self.processors[tp.topic].forget(tp.partition)
+                self.rebuilding.pop(tp, None)
+            log.info("event=revoked partitions=%s", sorted(map(str, revoked)))
+
+        @app.on_partitions_assigned.connect
+        def on_assigned(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+            assigned: set[TP] = args[0]
+            for tp in assigned:
+                self.processors[tp.topic].forget(tp.partition)
+            self.consumer.reposition(assigned)
+            log.info("event=assigned partitions=%s", sorted(map(str, assigned)))
 
         @app.timer(interval=speed.watermark_refresh_s)
-        async def watermark_timer() -> None:
-            await asyncio.to_thread(self.refresh_watermarks)
+        async def refresh_timer() -> None:
+            await asyncio.to_thread(self.refresh_served)
+            self.report_lag()
+            if self.epoch_lost():
+                self.start_rebuild()
 
-        @app.task
-        async def on_start() -> None:
-            await asyncio.to_thread(self.refresh_watermarks)
+        @app.timer(interval=speed.cleanup_interval_s)
+        async def cleanup_timer() -> None:
+            owned = set(self.consumer.assignment())
+            if owned:
+                cells, id_sets = await asyncio.to_thread(self.cleanup, owned)
+                if cells or id_sets:
+                    self.metrics.cleaned_keys.labels("cell").inc(cells)
+                    self.metrics.cleaned_keys.labels("ids").inc(id_sets)
+                    log.info("event=cleanup cells=%d id_sets=%d", cells, id_sets)
 
         return app
 
-    def _agent_for(self, topic: str):  # type: ignore[no-untyped-def]
-        processor = self.processors[topic]
-        speed = self.settings.speed
-
-        async def agent(stream: faust.Stream) -> None:
-            async for events in stream.take_events(speed.take_max, within=speed.take_within_s):
-                by_partition: dict[int, list[RawRecord]] = defaultdict(list)
-                for event in events:
-                    message = event.message
-                    by_partition[message.partition].append(
-                        RawRecord(message.offset, round(message.timestamp * 1000), message.value)
-                    )
-                for partition, records in by_partition.items():
-                    outcome = processor.process(self.epoch, partition, records, self.watermarks)
-                    if outcome.status == EPOCH_LOST:
-                        raise RuntimeError(
-                            "Redis lost the speed view (epoch marker gone); restart the worker "
-                            "to rebuild it"
-                        )
-                    if outcome.status == FENCE_MOVED:
-                        await self._seek_to_fence(topic, partition)
-                fault_point("after_redis_apply_before_commit")
-
-        return agent
-
-    async def _seek_to_fence(self, topic: str, partition: int) -> None:
-        fence = self.store.read_fence(topic, partition)
-        target = 0 if fence.offset is None else fence.offset + 1
-        tp = faust.types.TP(topic, partition)
-        await self.app.consumer.seek(tp, target)
+    def start(self) -> None:
+        self.refresh_served()
+        consumer = self.consumer
+        consumer.handler = self.apply_batch
+        consumer.position_of = self.position_of
+        self.metrics.serve(self.settings.speed.metrics_port)
 
 
 def run_worker(settings: Settings) -> None:
-    """`lambdactl speed`: one worker of the consumer group; N workers share the partitions."""
+    """`lambdactl speed`: one worker of the consumer group; N workers share the partitions.
+    SIGTERM/SIGINT stop it cleanly: the batch in hand is applied, offsets are committed."""
     check_topics(settings)
+    sys.setswitchinterval(settings.speed.gil_switch_interval_s)
     worker_state = SpeedWorker(settings)
+    worker_state.start()
     faust.Worker(worker_state.app, loglevel="INFO").execute_from_commandline()

@@ -1,0 +1,350 @@
+"""Speed-layer benchmark: one worker's sustained events/s against the consumption ceiling,
+freshness through `GET /series`, and Redis memory per cell.
+
+    .venv/bin/python bench/speed.py [--quick] [--events N] [--partitions P]
+
+Brings up the local stack (`lambdactl.stack.stack_up`), gives itself a fresh topic, a fresh
+PostgreSQL database (no batch run: W is None) and a Redis database (`--redis-db`, default 13,
+flushed), then:
+
+1. produces N sample events (`lambdactl.generator`: 2% late, 2% duplicates);
+2. ceiling: a bare aiokafka `getmany` loop + `orjson.loads` over the same topic;
+3. one worker (`python -m lambdactl speed`, a subprocess) from offset 0 until every fence reaches
+   the end: sustained events/s between the first fence seen and the last one reaching the end;
+4. freshness: background load at `--rate` events/s plus one probe event every 100 ms on its own
+   page; time from produce to the probe's count being visible through `GET /series`;
+5. Redis memory: `MEMORY USAGE` of every cell key over the (cell, key) states they hold, and
+   of cells + de-dup ids per 1M events.
+
+Ends with one line:
+`BENCH speed events_per_s=<n> ceiling_per_s=<n> ratio=<r> freshness_p50_ms=<n>
+freshness_p99_ms=<n> redis_bytes_per_cell=<n>` (on one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import redis
+import yaml
+from confluent_kafka import Consumer, Producer, TopicPartition
+from psycopg import sql
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lambdactl.generator import GeneratorSpec, generate, produce
+from shared.config import Settings
+from shared.kafka import create_topics
+from shared.speed_store import fence_key
+
+MINUTE = 60_000
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-probe"})
+    try:
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+            for p in range(partitions)
+        }
+    finally:
+        consumer.close()
+
+
+def build_config(tag: str, partitions: int, stack: Settings, redis_db: int) -> dict[str, Any]:
+    base, _, _ = stack.postgres.url.rpartition("/")
+    rbase, _, _ = stack.redis.url.rpartition("/")
+    return {
+        "sources": [
+            {
+                "name": "pageviews",
+                "topic": f"bench-{tag}",
+                "time_field": "ts",
+                "id_field": "event_id",
+                "partitions": partitions,
+            }
+        ],
+        "metrics": [
+            {
+                "name": "views_by_page",
+                "source": "pageviews",
+                "key": ["page"],
+                "value": "latency_ms",
+                "aggregations": ["count", "sum", "min", "max", "avg", "distinct(user_id)"],
+                "windows": ["1m", "1h", "1d"],
+                "grace": "2m",
+            },
+            {
+                "name": "views_total",
+                "source": "pageviews",
+                "key": [],
+                "aggregations": ["count", "distinct(user_id)"],
+                "windows": ["1m", "1h"],
+                "grace": "2m",
+            },
+        ],
+        "kafka": {"bootstrap_servers": stack.kafka.bootstrap_servers},
+        "redis": {"url": f"{rbase}/{redis_db}"},
+        "postgres": {"url": f"{base}/lp_bench_{tag}"},
+        "speed": {"app_id": f"bench-{tag}", "session_timeout_s": 6.0},
+    }
+
+
+def measure_ceiling(bootstrap: str, topic: str, ends: dict[int, int]) -> float:
+    """Events/s of a bare aiokafka getmany loop with orjson over the whole topic."""
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition as ATP
+
+    async def run() -> float:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            enable_auto_commit=False,
+            max_poll_records=10_000,
+            max_partition_fetch_bytes=4 * 1024 * 1024,
+        )
+        await consumer.start()
+        try:
+            tps = [ATP(topic, p) for p in ends]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            total, want = 0, sum(ends.values())
+            started = time.perf_counter()
+            loads = orjson.loads
+            while total < want:
+                batches = await consumer.getmany(timeout_ms=1000, max_records=10_000)
+                for records in batches.values():
+                    for record in records:
+                        loads(record.value)
+                    total += len(records)
+            return total / (time.perf_counter() - started)
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(run())
+
+
+def fences(client: redis.Redis, topic: str, partitions: int) -> list[int]:
+    raw = [client.hget(fence_key(topic, p), "offset") for p in range(partitions)]
+    return [-1 if v is None else int(v) for v in raw]
+
+
+def measure_worker(
+    env: dict[str, str], client: redis.Redis, topic: str, ends: dict[int, int], timeout_s: float
+) -> tuple[float, subprocess.Popen[bytes]]:
+    """Start a worker; events/s from the first applied batch until every fence is at the end."""
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "lambdactl", "speed"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open("/tmp/bench-speed-worker.log", "wb"),  # noqa: SIM115
+    )
+    partitions = len(ends)
+    deadline = time.monotonic() + timeout_s
+    first: tuple[float, int] | None = None
+    want = [end - 1 for end in ends.values()]
+    while time.monotonic() < deadline:
+        current = fences(client, topic, partitions)
+        now = time.perf_counter()
+        done = sum(f + 1 for f in current)
+        if first is None and done > 0:
+            first = (now, done)
+        if current == want:
+            assert first is not None
+            rate = (done - first[1]) / max(now - first[0], 1e-6)
+            return rate, worker
+        if worker.poll() is not None:
+            raise RuntimeError("the worker exited; see /tmp/bench-speed-worker.log")
+        time.sleep(0.05)
+    raise RuntimeError(f"worker did not catch up in {timeout_s}s: fences {current}, want {want}")
+
+
+def measure_freshness(
+    settings: Settings, topic: str, rate: int, duration_s: float
+) -> tuple[float, float]:
+    """p50/p99 ms from produce to visible in GET /series, under `rate` events/s of load."""
+    from fastapi.testclient import TestClient
+
+    from serving_layer import create_app
+
+    bootstrap = settings.kafka.bootstrap_servers
+    stop = threading.Event()
+
+    def load() -> None:
+        producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+        i, started = 0, time.perf_counter()
+        while not stop.is_set():
+            now_ms = int(time.time() * 1000)
+            for _ in range(max(rate // 100, 1)):
+                i += 1
+                value = orjson.dumps(
+                    {
+                        "ts": now_ms,
+                        "event_id": f"load-{i}",
+                        "page": f"/page/{i % 40}",
+                        "user_id": f"u{i % 5000}",
+                        "latency_ms": 12.5,
+                    }
+                )
+                producer.produce(topic, key=str(i).encode(), value=value)
+            producer.poll(0)
+            ahead = i / rate - (time.perf_counter() - started)
+            if ahead > 0:
+                time.sleep(ahead)
+        producer.flush(10)
+
+    loader = threading.Thread(target=load, daemon=True)
+    loader.start()
+    probe_producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    latencies: list[float] = []
+    try:
+        with TestClient(create_app(settings)) as api:
+            deadline = time.monotonic() + duration_s
+            n = 0
+            while time.monotonic() < deadline:
+                n += 1
+                page = f"/probe/{uuid.uuid4().hex[:8]}"
+                now_ms = int(time.time() * 1000)
+                start_s = time.strftime("%Y-%m-%dT%H:%M:00Z", time.gmtime(now_ms / 1000 - 60))
+                end_s = time.strftime("%Y-%m-%dT%H:%M:00Z", time.gmtime(now_ms / 1000 + 120))
+                value = orjson.dumps(
+                    {
+                        "ts": now_ms,
+                        "event_id": f"probe-{n}",
+                        "page": page,
+                        "user_id": "probe",
+                        "latency_ms": 1.0,
+                    }
+                )
+                sent = time.perf_counter()
+                probe_producer.produce(topic, key=page.encode(), value=value)
+                probe_producer.flush(5)
+                while time.perf_counter() - sent < 10:
+                    response = api.get(
+                        "/v1/metrics/views_by_page/series",
+                        params={"window": "1m", "start": start_s, "end": end_s, "page": page},
+                    )
+                    if response.status_code == 200 and response.json()["points"]:
+                        latencies.append((time.perf_counter() - sent) * 1000)
+                        break
+                    time.sleep(0.005)
+                time.sleep(0.1)
+    finally:
+        stop.set()
+        loader.join(15)
+    if not latencies:
+        return float("nan"), float("nan")
+    latencies.sort()
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    return statistics.median(latencies), p99
+
+
+def redis_memory(client: redis.Redis, settings: Settings, events: int) -> tuple[float, float]:
+    """(bytes per (cell, key) state, bytes of cells + ids per 1M events)."""
+    cell_bytes = states = 0
+    for metric in settings.metrics:
+        pattern = f"lp:cell:{metric.name}:{settings.metric_version(metric)}:*"
+        for key in client.scan_iter(match=pattern, count=1000):
+            cell_bytes += int(client.memory_usage(key, samples=0) or 0)
+            states += int(client.hlen(key))
+    topic = settings.sources[0].topic
+    id_bytes = sum(
+        int(client.memory_usage(k, samples=0) or 0)
+        for k in client.scan_iter(match=f"lp:ids:{topic}:*", count=1000)
+    )
+    per_cell = cell_bytes / max(states, 1)
+    per_million = (cell_bytes + id_bytes) / max(events, 1) * 1_000_000
+    log(
+        f"redis: {states} states in {cell_bytes} bytes of cells, {id_bytes} bytes of ids "
+        f"({per_cell:.0f} B/state; {per_million / 1e6:.1f} MB per 1M events)"
+    )
+    return per_cell, per_million
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small run (~5 minutes at most)")
+    parser.add_argument("--events", type=int, default=None)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--rate", type=int, default=10_000, help="freshness load, events/s")
+    parser.add_argument("--redis-db", type=int, default=13)
+    parser.add_argument("--skip-freshness", action="store_true")
+    args = parser.parse_args()
+    events = args.events or (300_000 if args.quick else 2_000_000)
+    freshness_s = 20.0 if args.quick else 60.0
+
+    from lambdactl.stack import stack_up
+    from shared.db.migrate import upgrade
+
+    stack = Settings()
+    stack_up(stack)
+    tag = uuid.uuid4().hex[:8]
+    config = build_config(tag, args.partitions, stack, args.redis_db)
+    settings = Settings(**config)
+    with psycopg.connect(stack.postgres.url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(f"lp_bench_{tag}")))
+    upgrade(settings.postgres.url)
+    client = redis.Redis.from_url(settings.redis.url)
+    client.flushdb()
+    config_path = Path(f"/tmp/bench-speed-{tag}.yaml")
+    config_path.write_text(yaml.safe_dump(config))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAMBDA_")}
+    env["LAMBDA_CONFIG"] = str(config_path)
+    create_topics(settings)
+    topic = settings.sources[0].topic
+    bootstrap = settings.kafka.bootstrap_servers
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        now = int(time.time() * 1000) // MINUTE * MINUTE
+        started = time.perf_counter()
+        produced = produce(
+            bootstrap, topic, generate(GeneratorSpec(now - 120 * MINUTE, now, events, seed=3))
+        )
+        log(f"produced {produced} events in {time.perf_counter() - started:.1f}s")
+        ends = end_offsets(bootstrap, topic, args.partitions)
+        ceiling = measure_ceiling(bootstrap, topic, ends)
+        log(f"ceiling (aiokafka getmany + orjson): {ceiling:,.0f} events/s")
+        rate, worker = measure_worker(env, client, topic, ends, timeout_s=600)
+        log(f"worker: {rate:,.0f} events/s sustained ({rate / ceiling:.3f} of the ceiling)")
+        per_cell, _ = redis_memory(client, settings, produced)
+        p50 = p99 = float("nan")
+        if not args.skip_freshness:
+            p50, p99 = measure_freshness(settings, topic, args.rate, freshness_s)
+            log(f"freshness at {args.rate}/s: p50 {p50:.0f} ms, p99 {p99:.0f} ms")
+    finally:
+        if worker is not None:
+            worker.terminate()
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+        with psycopg.connect(stack.postgres.url, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                    sql.Identifier(f"lp_bench_{tag}")
+                )
+            )
+    print(
+        f"BENCH speed events_per_s={rate:.0f} ceiling_per_s={ceiling:.0f} "
+        f"ratio={rate / ceiling:.3f} freshness_p50_ms={p50:.0f} freshness_p99_ms={p99:.0f} "
+        f"redis_bytes_per_cell={per_cell:.0f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""The worker's Prometheus metrics, in a registry of its own (served on `speed.metrics_port`)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+
+class SpeedMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.events = Counter(
+            "speed_events",
+            "Records read and applied (all outcomes), by source topic",
+            ["topic"],
+            registry=self.registry,
+        )
+        self.lag = Gauge(
+            "speed_lag_records",
+            "Records between a partition's end offset and the next offset to apply",
+            ["topic", "partition"],
+            registry=self.registry,
+        )
+        self.late = Counter(
+            "speed_late_events",
+            "Events late for a metric (rule 2), published to <source>.late",
+            ["metric"],
+            registry=self.registry,
+        )
+        self.dead_letters = Counter(
+            "speed_dead_letters",
+            "Malformed records published to <source>.dlq, by reason",
+            ["topic", "reason"],
+            registry=self.registry,
+        )
+        self.duplicates = Counter(
+            "speed_duplicates_dropped",
+            "Events dropped as copies of an id already counted (rule 4)",
+            ["topic"],
+            registry=self.registry,
+        )
+        self.skipped = Counter(
+            "speed_skipped_events",
+            "Events a metric could not use, by metric and reason",
+            ["metric", "reason"],
+            registry=self.registry,
+        )
+        self.apply_seconds = Histogram(
+            "speed_apply_seconds",
+            "Time to decide and apply one partition batch to Redis",
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+        )
+        self.fence_conflicts = Counter(
+            "speed_fence_conflicts",
+            "Batches discarded because another worker moved the partition's fence",
+            ["topic"],
+            registry=self.registry,
+        )
+        self.rebuilds = Counter(
+            "speed_rebuilds",
+            "Rebuilds started after the speed view was lost (rule 9)",
+            registry=self.registry,
+        )
+        self.cleaned_keys = Counter(
+            "speed_cleaned_keys",
+            "Cells and de-dup sets deleted once the batch serves them (rule 8)",
+            ["kind"],
+            registry=self.registry,
+        )
+
+    def serve(self, port: int) -> None:
+        if port:
+            start_http_server(port, registry=self.registry)
