@@ -1,169 +1,600 @@
-"""Rule 8 at query time: read W and the batch cells in one snapshot, the speed sub-cells after W
-from Redis (one pipeline), and compose each window from them."""
+"""Rule 8 at query time: read W and the batch cells in one statement (one snapshot), the speed
+sub-cells after W from Redis in one round trip, and compose each window from them.
+
+The batch read is planned against the W last seen for the metric and guarded by it: the same
+statement returns the served row, and cells are only joined when the row still holds that
+generation and W. When a run has flipped meanwhile, the plan is redone with the new row — one
+round trip in the common case, and never a plan from one W with cells from another."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+import math
+import struct
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+import datasketches as ds
 import psycopg
 import redis
 
-from serving_layer.timefmt import format_time
-from shared.aggregates import AggState, merge_all, outputs_of, sketch_from_bytes
+from serving_layer.errors import unavailable
+from shared.aggregates import union_sketches
 from shared.config import MetricConfig, Settings
-from shared.db.served import read_served
-from shared.speed_store import EPOCH_KEY, REBUILDING_KEY, encode_key, read_cells
+from shared.speed_store import EPOCH_KEY, REBUILDING_KEY, cell_key, decode_key, encode_key
 from shared.windows import CellRef, WindowPlan, plan_window, point_source
 
-log = logging.getLogger(__name__)
+_HEADER = struct.Struct("<qdddH")
+_LENGTH = struct.Struct("<I")
+_INF, _NINF = math.inf, -math.inf
+_GUARD_RETRIES = 4
+
+# One call: the epoch marker, the rebuilding set and one key's field in every sub-cell.
+_READ_LUA = """
+local out = {redis.call('EXISTS', KEYS[1]), redis.call('SCARD', KEYS[2])}
+for i = 3, #KEYS do out[#out + 1] = redis.call('HGET', KEYS[i], ARGV[1]) end
+return out
+"""
 
 
-@dataclass(frozen=True)
-class BatchCell:
+@dataclass(slots=True)
+class Cell:
+    """Plain aggregate columns of one stored cell, sketches as bytes (parsed only to union)."""
+
     count: int
     total: float
-    minimum: float | None
-    maximum: float | None
-    sketches: list[bytes]
-    estimates: list[float]
+    minimum: float
+    maximum: float
+    sketches: list[bytes] | None
+    estimates: list[float] | None
 
-    def state(self) -> AggState:
-        return AggState(
-            self.count,
-            self.total,
-            float("inf") if self.minimum is None else self.minimum,
-            float("-inf") if self.maximum is None else self.maximum,
-            [sketch_from_bytes(b) for b in self.sketches],
-        )
+
+def parse_state(data: bytes, with_sketches: bool) -> Cell:
+    """An `AggState.to_bytes` blob, reading the sketch bytes only when a union needs them."""
+    count, total, minimum, maximum, n_sketches = _HEADER.unpack_from(data)
+    sketches: list[bytes] | None = None
+    if with_sketches:
+        sketches = []
+        offset = _HEADER.size
+        for _ in range(n_sketches):
+            (length,) = _LENGTH.unpack_from(data, offset)
+            offset += _LENGTH.size
+            sketches.append(data[offset : offset + length])
+            offset += length
+    return Cell(count, total, minimum, maximum, sketches, None)
+
+
+def merge_cells(metric: MetricConfig, parts: Sequence[Cell]) -> dict[str, Any] | None:
+    """The configured outputs of the merge of `parts`; the stored estimate when only one."""
+    parts = [p for p in parts if p.count]
+    if not parts:
+        return None
+    count = sum(p.count for p in parts)
+    total = math.fsum(p.total for p in parts) if len(parts) > 1 else parts[0].total
+    minimum = min(p.minimum for p in parts)
+    maximum = max(p.maximum for p in parts)
+    values: dict[str, Any] = {
+        "count": count,
+        "sum": total,
+        "min": minimum,
+        "max": maximum,
+        "avg": total / count,
+    }
+    for i, field_name in enumerate(metric.distinct_fields):
+        values[f"distinct_{field_name}"] = round(_distinct(parts, i))
+    return {name: values[name] for name in metric.output_names}
+
+
+def _distinct(parts: Sequence[Cell], index: int) -> float:
+    if len(parts) == 1 and parts[0].estimates is not None:
+        return parts[0].estimates[index]
+    sketches = []
+    for part in parts:
+        if part.sketches is None:
+            raise AssertionError("a union needs every part's sketch")
+        sketches.append(ds.hll_sketch.deserialize(part.sketches[index]))
+    return float(union_sketches(sketches).get_estimate())
 
 
 @dataclass
-class Series:
-    watermark_ms: int | None
+class Served:
+    generation: int | None
+    watermark: int | None
+    """W of the metric, None when nothing of this metric's version is served."""
+
+
+@dataclass
+class ReadResult:
+    watermark: int | None
     speed_status: str
-    points: list[dict[str, Any]]
+    points: list[dict[str, Any]] = field(default_factory=list)
+    batch_cells: int = 0
+    speed_states: int = 0
 
 
-def speed_status(client: redis.Redis) -> str:
-    """ok, rebuilding (Redis lost its data or a rebuild runs), or unavailable (Redis down)."""
-    try:
-        pipe = client.pipeline(transaction=False)
-        pipe.exists(EPOCH_KEY)
-        pipe.scard(REBUILDING_KEY)
-        has_epoch, rebuilding = pipe.execute()
-    except redis.RedisError:
-        return "unavailable"
-    return "ok" if has_epoch and not rebuilding else "rebuilding"
+class SpeedReader:
+    """Reads from Redis with a short circuit breaker: once Redis failed, requests answer
+    batch-only (`unavailable`) for `cooldown_s` instead of each waiting for a timeout."""
 
+    def __init__(self, client: redis.Redis, cooldown_s: float = 2.0) -> None:
+        self.client = client
+        self._script = client.register_script(_READ_LUA)
+        self._cooldown = cooldown_s
+        self._down_until = 0.0
 
-def read_series(
-    settings: Settings,
-    conn: psycopg.Connection[Any],
-    client: redis.Redis,
-    metric: MetricConfig,
-    window_ms: int,
-    starts: Sequence[int],
-    key: tuple[str, ...],
-) -> Series:
-    version = settings.metric_version(metric)
-    with conn.transaction():
-        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        served = read_served(conn)
-        watermark = None if served is None else served.watermark(metric.name, version)
-        plans = [
-            plan_window(start, window_ms, metric.base_window, watermark, metric.windows)
-            for start in starts
-        ]
-        batch = (
-            _read_batch_cells(conn, served.generation, metric.name, version, key, plans)
-            if served is not None and watermark is not None
-            else {}
-        )
-    status = speed_status(client)
-    speed: dict[int, list[bytes]] = {}
-    speed_starts = sorted({s for plan in plans for s in plan.speed_cells})
-    if status != "unavailable" and speed_starts:
-        source = settings.source(metric.source)
+    def _available(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def _failed(self) -> None:
+        self._down_until = time.monotonic() + self._cooldown
+
+    def status(self) -> str:
+        """ok, rebuilding (Redis lost its data or a rebuild runs), or unavailable."""
+        if not self._available():
+            return "unavailable"
         try:
-            cells = read_cells(client, metric.name, version, speed_starts, source.partitions, key)
+            pipe = self.client.pipeline(transaction=False)
+            pipe.exists(EPOCH_KEY)
+            pipe.scard(REBUILDING_KEY)
+            has_epoch, rebuilding = pipe.execute()
         except redis.RedisError:
-            status, cells = "unavailable", {}
-        encoded = encode_key(key)
-        speed = {start: by_key[encoded] for start, by_key in cells.items() if encoded in by_key}
-    points = []
-    for start, plan in zip(starts, plans, strict=True):
-        values = _compose(metric, plan, batch, speed)
-        if values is None:
-            continue
-        end = start + window_ms
-        points.append(
-            {
-                "start": format_time(start),
-                "end": format_time(end),
-                "source": point_source(start, end, watermark),
-                **values,
+            self._failed()
+            return "unavailable"
+        return "ok" if has_epoch and not rebuilding else "rebuilding"
+
+    def read_key(
+        self, metric: str, version: str, starts: Sequence[int], partitions: int, key: bytes
+    ) -> tuple[str, dict[int, list[bytes]]]:
+        """Status and one key's sub-cell states per base cell start, in one call."""
+        if not self._available():
+            return "unavailable", {}
+        names = [EPOCH_KEY, REBUILDING_KEY]
+        names += [cell_key(metric, version, s, p) for s in starts for p in range(partitions)]
+        try:
+            reply = self._script(keys=names, args=[key])
+        except redis.RedisError:
+            self._failed()
+            return "unavailable", {}
+        status = "ok" if reply[0] and not reply[1] else "rebuilding"
+        states: dict[int, list[bytes]] = {}
+        values = iter(reply[2:])
+        for start in starts:
+            found = [v for v in (next(values) for _ in range(partitions)) if v is not None]
+            if found:
+                states[start] = found
+        return status, states
+
+    def read_all(
+        self, metric: str, version: str, starts: Sequence[int], partitions: int
+    ) -> tuple[str, dict[bytes, list[bytes]]]:
+        """Status and every key's sub-cell states over the given base cells."""
+        status = self.status()
+        if status == "unavailable" or not starts:
+            return status, {}
+        pipe = self.client.pipeline(transaction=False)
+        for start in starts:
+            for partition in range(partitions):
+                pipe.hgetall(cell_key(metric, version, start, partition))
+        try:
+            replies = pipe.execute()
+        except redis.RedisError:
+            self._failed()
+            return "unavailable", {}
+        by_key: dict[bytes, list[bytes]] = {}
+        for reply in replies:
+            for encoded, state in reply.items():
+                by_key.setdefault(encoded, []).append(state)
+        return status, by_key
+
+    def read_fields(
+        self, metric: str, version: str, starts: Sequence[int], partitions: int
+    ) -> tuple[str, set[bytes]]:
+        """Status and the encoded keys present in the given base cells."""
+        status = self.status()
+        if status == "unavailable" or not starts:
+            return status, set()
+        pipe = self.client.pipeline(transaction=False)
+        for start in starts:
+            for partition in range(partitions):
+                pipe.hkeys(cell_key(metric, version, start, partition))
+        try:
+            replies = pipe.execute()
+        except redis.RedisError:
+            self._failed()
+            return "unavailable", set()
+        return status, {name for reply in replies for name in reply}
+
+
+class ServedHints:
+    """The served row's stamp (its `xmin`) and W last seen per metric: what the next batch
+    read is planned with. Every publication rewrites the row (rule 6), so a new stamp means
+    the served cells may have changed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._hints: dict[str, tuple[str | None, int | None, int | None]] = {}
+
+    def get(self, metric: str) -> tuple[str | None, int | None, int | None]:
+        """(stamp, generation, W)."""
+        with self._lock:
+            return self._hints.get(metric, (None, None, None))
+
+    def set(
+        self, metric: str, stamp: str | None, generation: int | None, watermark: int | None
+    ) -> None:
+        with self._lock:
+            self._hints[metric] = (stamp, generation, watermark)
+
+
+_Cells = dict[CellRef, Cell | None]
+"""Batch cells by reference; None = read and absent (no events in that cell)."""
+
+
+class BatchCellCache:
+    """Batch cells per (metric, key), valid for one stamp of the served row only: cells of
+    the served generation change only in a transaction that also rewrites that row (rule 6),
+    so an entry is never used once the row has changed — it cannot serve a stale answer."""
+
+    def __init__(self, max_cells: int = 200_000) -> None:
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[
+            tuple[str, tuple[str, ...]], tuple[str, dict[CellRef, Cell | None]]
+        ] = OrderedDict()
+        self._cells = 0
+        self._max = max_cells
+
+    def get(
+        self, metric: str, key: tuple[str, ...], stamp: str | None
+    ) -> dict[CellRef, Cell | None]:
+        with self._lock:
+            entry = self._entries.get((metric, key))
+            if entry is None or entry[0] != stamp:
+                return {}
+            self._entries.move_to_end((metric, key))
+            return entry[1]
+
+    def put(self, metric: str, key: tuple[str, ...], stamp: str, cells: _Cells) -> None:
+        with self._lock:
+            old = self._entries.pop((metric, key), None)
+            if old is not None:
+                self._cells -= len(old[1])
+            if len(cells) > self._max:
+                return
+            self._entries[(metric, key)] = (stamp, cells)
+            self._cells += len(cells)
+            while self._cells > self._max:
+                _, (_, evicted) = self._entries.popitem(last=False)
+                self._cells -= len(evicted)
+
+
+_SERVED_CTE = """
+WITH s AS (
+    SELECT generation, (watermarks ->> %(metric)s)::bigint AS w, versions ->> %(metric)s AS v,
+           xmin::text AS x
+    FROM served_view WHERE id = 1
+)
+"""
+
+_SERIES_SQL = (
+    _SERVED_CTE
+    + """
+SELECT s.generation, s.w, s.v, c.window_ms, c.start_ms, c.count, c.sum, c.min, c.max,
+       CASE WHEN p.need THEN c.sketches END, c.distinct_estimates, s.x
+FROM s
+LEFT JOIN unnest(%(sizes)s::bigint[], %(starts)s::bigint[], %(needs)s::boolean[])
+    AS p(window_ms, start_ms, need)
+    ON s.x = %(x)s AND s.v = %(version)s
+LEFT JOIN batch_cells c
+    ON c.generation = %(generation)s AND c.metric = %(metric)s AND c.version = %(version)s
+   AND c.window_ms = p.window_ms AND c.start_ms = p.start_ms AND c.key = %(key)s
+"""
+)
+
+_TOP_SQL = (
+    _SERVED_CTE
+    + """
+SELECT s.generation, s.w, s.v, c.key, c.count, c.sum, c.min, c.max,
+       CASE WHEN %(sketch)s::int > 0 THEN c.sketches[%(sketch)s] END,
+       CASE WHEN %(sketch)s::int > 0 THEN c.distinct_estimates[%(sketch)s] END, s.x
+FROM s
+LEFT JOIN unnest(%(sizes)s::bigint[], %(starts)s::bigint[]) AS p(window_ms, start_ms)
+    ON s.x = %(x)s AND s.v = %(version)s
+LEFT JOIN batch_cells c
+    ON c.generation = %(generation)s AND c.metric = %(metric)s AND c.version = %(version)s
+   AND c.window_ms = p.window_ms AND c.start_ms = p.start_ms
+"""
+)
+
+_KEYS_SQL = (
+    _SERVED_CTE
+    + """
+SELECT s.generation, s.w, s.v, k.key
+FROM s
+LEFT JOIN LATERAL (
+    SELECT DISTINCT c.key FROM batch_cells c
+    WHERE c.generation = s.generation AND c.metric = %(metric)s AND c.version = %(version)s
+      AND s.w IS NOT NULL AND c.window_ms = %(base)s AND c.start_ms >= %(start)s
+      AND c.start_ms < LEAST(%(end)s, s.w - %(base)s + 1)
+      AND (%(prefix)s::text IS NULL OR left(c.key[1], length(%(prefix)s::text)) = %(prefix)s)
+) k ON s.v = %(version)s
+"""
+)
+
+
+class MergedView:
+    """The merged batch + speed view of every configured metric (one per app)."""
+
+    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+        self.settings = settings
+        self.speed = SpeedReader(client)
+        self.hints = ServedHints()
+        self.cache = BatchCellCache()
+        self.versions = {m.name: settings.metric_version(m) for m in settings.metrics}
+        self._partitions = {m.name: settings.source(m.source).partitions for m in settings.metrics}
+
+    def _guarded(
+        self,
+        conn: psycopg.Connection[Any],
+        metric: MetricConfig,
+        query: str,
+        params_for: Any,
+    ) -> tuple[Served, str | None, list[tuple[Any, ...]]]:
+        """Run a cell read planned against the hinted row until the served row agrees with it.
+        `params_for(stamp, W)` plans the read; the rows are those of its last call."""
+        version = self.versions[metric.name]
+        stamp, generation, watermark = self.hints.get(metric.name)
+        for _ in range(_GUARD_RETRIES):
+            params = params_for(stamp, watermark)
+            params.update(metric=metric.name, version=version, x=stamp, generation=generation)
+            rows = conn.execute(query, params).fetchall()
+            if not rows:
+                served, row_stamp = Served(None, None), None
+            else:
+                row_version = rows[0][2]
+                served = Served(rows[0][0], rows[0][1] if row_version == version else None)
+                row_stamp = rows[0][-1]
+            self.hints.set(metric.name, row_stamp, served.generation, served.watermark)
+            if served.watermark is None:
+                return served, row_stamp, []
+            if row_stamp == stamp:
+                return served, row_stamp, rows
+            stamp, generation, watermark = row_stamp, served.generation, served.watermark
+        raise unavailable("the batch view changed during the read several times; retry")
+
+    def series(
+        self,
+        conn: psycopg.Connection[Any],
+        metric: MetricConfig,
+        window_ms: int,
+        starts: Sequence[int],
+        key: tuple[str, ...],
+    ) -> ReadResult:
+        base = metric.base_window
+        has_distinct = bool(metric.distinct_fields)
+        plans: list[WindowPlan] = []
+        cached: dict[CellRef, Cell | None] = {}
+        wanted: list[CellRef] = []
+
+        def params_for(stamp: str | None, watermark: int | None) -> dict[str, Any]:
+            plans[:] = _plans(starts, window_ms, base, watermark, metric.windows)
+            cached.clear()
+            cached.update(self.cache.get(metric.name, key, stamp))
+            refs: dict[CellRef, bool] = {}
+            for plan in plans:
+                need = has_distinct and (len(plan.batch_cells) + len(plan.speed_cells)) > 1
+                for ref in plan.batch_cells:
+                    refs[ref] = refs.get(ref, False) or need
+            missing = {}
+            for ref, need in refs.items():
+                if ref in cached:
+                    hit = cached[ref]
+                    if not need or hit is None or hit.sketches is not None:
+                        continue
+                missing[ref] = need
+            wanted[:] = list(missing)
+            return {
+                "sizes": [r.size_ms for r in missing],
+                "starts": [r.start_ms for r in missing],
+                "needs": list(missing.values()),
+                "key": list(key),
             }
+
+        served, stamp, rows = self._guarded(conn, metric, _SERIES_SQL, params_for)
+        watermark = served.watermark
+        if watermark is None:
+            plans = _plans(starts, window_ms, base, None, metric.windows)
+        batch: dict[CellRef, Cell | None] = dict(cached) if watermark is not None else {}
+        for ref in wanted if watermark is not None else ():
+            batch[ref] = None
+        for row in rows:
+            if row[3] is None:
+                continue
+            batch[CellRef(row[3], row[4])] = Cell(
+                row[5],
+                row[6],
+                _INF if row[7] is None else row[7],
+                _NINF if row[8] is None else row[8],
+                None if row[9] is None else [bytes(b) for b in row[9]],
+                row[10],
+            )
+        if wanted and stamp is not None and watermark is not None:
+            self.cache.put(metric.name, key, stamp, batch)
+        speed_starts = sorted({s for plan in plans for s in plan.speed_cells})
+        if speed_starts:
+            status, speed_raw = self.speed.read_key(
+                metric.name,
+                self.versions[metric.name],
+                speed_starts,
+                self._partitions[metric.name],
+                encode_key(key),
+            )
+        else:
+            status, speed_raw = self.speed.status(), {}
+        speed = {
+            start: [parse_state(s, has_distinct) for s in states]
+            for start, states in speed_raw.items()
+        }
+        result = ReadResult(watermark, status)
+        result.batch_cells = sum(1 for cell in batch.values() if cell is not None)
+        result.speed_states = sum(len(v) for v in speed.values())
+        for start, plan in zip(starts, plans, strict=True):
+            parts = [c for c in (batch.get(ref) for ref in plan.batch_cells) if c is not None]
+            for cell_start in plan.speed_cells:
+                parts.extend(speed.get(cell_start, ()))
+            values = merge_cells(metric, parts)
+            if values is None:
+                continue
+            end = start + window_ms
+            values["start"] = start
+            values["end"] = end
+            values["source"] = point_source(start, end, watermark)
+            result.points.append(values)
+        return result
+
+    def top(
+        self,
+        conn: psycopg.Connection[Any],
+        metric: MetricConfig,
+        window_ms: int,
+        start: int,
+        by: str,
+    ) -> tuple[ReadResult, list[tuple[tuple[str, ...], Any]]]:
+        """Every key's `by` over one window, best first, ties by key ascending."""
+        base = metric.base_window
+        sketch_index = 0
+        if by.startswith("distinct_"):
+            sketch_index = metric.distinct_fields.index(by.removeprefix("distinct_")) + 1
+        plan_box: list[WindowPlan] = []
+
+        def params_for(stamp: str | None, watermark: int | None) -> dict[str, Any]:
+            plan_box[:] = [plan_window(start, window_ms, base, watermark, metric.windows)]
+            refs = plan_box[0].batch_cells
+            return {
+                "sizes": [r.size_ms for r in refs],
+                "starts": [r.start_ms for r in refs],
+                "sketch": sketch_index,
+            }
+
+        served, _, rows = self._guarded(conn, metric, _TOP_SQL, params_for)
+        watermark = served.watermark
+        plan = (
+            plan_window(start, window_ms, base, None, metric.windows)
+            if watermark is None
+            else plan_box[0]
         )
-    return Series(watermark, status, points)
-
-
-def _compose(
-    metric: MetricConfig,
-    plan: WindowPlan,
-    batch: dict[CellRef, BatchCell],
-    speed: dict[int, list[bytes]],
-) -> dict[str, Any] | None:
-    batch_parts = [batch[ref] for ref in plan.batch_cells if ref in batch]
-    speed_parts = [state for start in plan.speed_cells for state in speed.get(start, [])]
-    if len(batch_parts) == 1 and not speed_parts:
-        only = batch_parts[0]
-        return outputs_of(
-            metric,
-            only.count,
-            only.total,
-            float("inf") if only.minimum is None else only.minimum,
-            float("-inf") if only.maximum is None else only.maximum,
-            only.estimates,
+        parts: dict[tuple[str, ...], list[Cell]] = {}
+        batch_cells = 0
+        for row in rows:
+            if row[3] is None:
+                continue
+            batch_cells += 1
+            parts.setdefault(tuple(row[3]), []).append(
+                Cell(
+                    row[4],
+                    row[5],
+                    _INF if row[6] is None else row[6],
+                    _NINF if row[7] is None else row[7],
+                    None if row[8] is None else [bytes(row[8])],
+                    None if row[9] is None else [row[9]],
+                )
+            )
+        status, speed_raw = self.speed.read_all(
+            metric.name,
+            self.versions[metric.name],
+            list(plan.speed_cells),
+            self._partitions[metric.name],
         )
-    merged = merge_all(
-        [cell.state() for cell in batch_parts] + [AggState.from_bytes(s) for s in speed_parts]
-    )
-    return None if merged is None or merged.count == 0 else merged.outputs(metric)
+        speed_states = 0
+        for encoded, states in speed_raw.items():
+            cells = parts.setdefault(decode_key(encoded), [])
+            for state in states:
+                cell = parse_state(state, sketch_index > 0)
+                if cell.sketches is not None:
+                    cell.sketches = [cell.sketches[sketch_index - 1]]
+                cells.append(cell)
+                speed_states += 1
+        ranked = []
+        for key, cells in parts.items():
+            value = _rank_value(by, cells)
+            if value is not None:
+                ranked.append((key, value))
+        ranked.sort(key=lambda item: (-item[1], item[0]))
+        result = ReadResult(watermark, status, batch_cells=batch_cells, speed_states=speed_states)
+        return result, ranked
 
-
-def _read_batch_cells(
-    conn: psycopg.Connection[Any],
-    generation: int,
-    metric: str,
-    version: str,
-    key: tuple[str, ...],
-    plans: Sequence[WindowPlan],
-) -> dict[CellRef, BatchCell]:
-    refs = sorted({ref for plan in plans for ref in plan.batch_cells})
-    if not refs:
-        return {}
-    rows = conn.execute(
-        """
-        SELECT window_ms, start_ms, count, sum, min, max, sketches, distinct_estimates
-        FROM batch_cells
-        WHERE generation = %s AND metric = %s AND version = %s AND key = %s
-          AND (window_ms, start_ms) IN (SELECT * FROM unnest(%s::bigint[], %s::bigint[]))
-        """,
-        [
-            generation,
-            metric,
-            version,
-            list(key),
-            [r.size_ms for r in refs],
-            [r.start_ms for r in refs],
-        ],
-    ).fetchall()
-    return {
-        CellRef(row[0], row[1]): BatchCell(
-            row[2], row[3], row[4], row[5], [bytes(b) for b in row[6]], list(row[7])
+    def keys(
+        self,
+        conn: psycopg.Connection[Any],
+        metric: MetricConfig,
+        start: int,
+        end: int,
+        prefix: str | None,
+    ) -> tuple[ReadResult, list[tuple[str, ...]]]:
+        """Keys with a cell in `[start, end)`: batch cells before W, speed sub-cells after."""
+        base = metric.base_window
+        version = self.versions[metric.name]
+        rows = conn.execute(
+            _KEYS_SQL,
+            {
+                "metric": metric.name,
+                "version": version,
+                "base": base,
+                "start": start,
+                "end": end,
+                "prefix": prefix if metric.key else None,
+            },
+        ).fetchall()
+        watermark = rows[0][1] if rows and rows[0][2] == version else None
+        found = {tuple(row[3]) for row in rows if row[3] is not None}
+        first_speed = start if watermark is None else max(start, watermark)
+        speed_starts = [s for s in range(_ceil(first_speed, base), end, base)]
+        status, fields = self.speed.read_fields(
+            metric.name, version, speed_starts, self._partitions[metric.name]
         )
-        for row in rows
-    }
+        for encoded in fields:
+            key = decode_key(encoded)
+            if prefix is None or not key or key[0].startswith(prefix):
+                found.add(key)
+        return ReadResult(watermark, status), sorted(found)
+
+
+def _ceil(value: int, size: int) -> int:
+    return -(-value // size) * size
+
+
+def _plans(
+    starts: Sequence[int],
+    window_ms: int,
+    base: int,
+    watermark: int | None,
+    sizes: Sequence[int],
+) -> list[WindowPlan]:
+    if window_ms != base:
+        return [plan_window(s, window_ms, base, watermark, sizes) for s in starts]
+    plans = []
+    for start in starts:
+        if watermark is not None and start + base <= watermark:
+            plans.append(WindowPlan((CellRef(base, start),), ()))
+        else:
+            plans.append(WindowPlan((), (start,)))
+    return plans
+
+
+def _rank_value(by: str, cells: Iterable[Cell]) -> float | int | None:
+    cells = [c for c in cells if c.count]
+    if not cells:
+        return None
+    if by == "count":
+        return sum(c.count for c in cells)
+    if by == "sum":
+        return math.fsum(c.total for c in cells)
+    if by == "min":
+        return min(c.minimum for c in cells)
+    if by == "max":
+        return max(c.maximum for c in cells)
+    if by == "avg":
+        return math.fsum(c.total for c in cells) / sum(c.count for c in cells)
+    return round(_distinct(cells, 0))

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 
 from shared.events import parse_event_time
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+@lru_cache(maxsize=1 << 16)
 def format_time(ms: int) -> str:
+    """Cached: the same window starts recur across requests (1,440 per one-day query)."""
     moment = _EPOCH + timedelta(milliseconds=ms)
     text = moment.isoformat(timespec="milliseconds" if ms % 1000 else "seconds")
     return text.replace("+00:00", "Z")

@@ -2,33 +2,41 @@
 
 from __future__ import annotations
 
-from typing import Any
+from fastapi import APIRouter, Request
 
-from fastapi import APIRouter
-from fastapi.responses import JSONResponse
-
-from serving_layer.deps import DbDep, RedisDep
+from serving_layer.responses import JSONResponse
+from serving_layer.schemas import Health, Ready
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz")
-def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+@router.get("/healthz", response_model=Health)
+def healthz() -> Health:
+    return Health(status="ok")
 
 
-@router.get("/readyz")
-def readyz(db: DbDep, redis_client: RedisDep) -> Any:
+@router.get(
+    "/readyz",
+    response_model=Ready,
+    responses={503: {"model": Ready, "description": "a backing service is unreachable"}},
+)
+def readyz(request: Request) -> JSONResponse:
+    """Kafka, Redis and PostgreSQL reachable (each check bounded by a short timeout)."""
+    state = request.app.state
     checks: dict[str, str] = {}
     try:
-        db.execute("SELECT 1")
+        with state.pg_pool.connection(timeout=3.0) as conn:
+            conn.execute("SELECT 1")
         checks["postgres"] = "ok"
     except Exception as exc:  # report, never raise: this endpoint tells what is down
-        checks["postgres"] = f"down: {exc}"
+        checks["postgres"] = f"down: {type(exc).__name__}"
     try:
-        redis_client.ping()
+        state.redis.ping()
         checks["redis"] = "ok"
     except Exception as exc:
-        checks["redis"] = f"down: {exc}"
+        checks["redis"] = f"down: {type(exc).__name__}"
+    checks["kafka"] = state.kafka.check()
     ready = all(v == "ok" for v in checks.values())
-    return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+    return JSONResponse(
+        Ready(ready=ready, checks=checks).model_dump(), status_code=200 if ready else 503
+    )

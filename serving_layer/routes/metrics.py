@@ -1,110 +1,208 @@
-"""`/v1/metrics`: the configured metrics and their merged series."""
+"""`/v1/metrics`: the configured metrics, their keys, merged series and top keys."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from serving_layer.deps import DbDep, RedisDep, SettingsDep
-from serving_layer.errors import bad_request, not_found
-from serving_layer.merged_view import read_series
-from serving_layer.timefmt import format_time, parse_time
-from shared.config import MetricConfig, Settings
-from shared.durations import format_duration, parse_duration
-from shared.windows import window_starts
+from serving_layer.auth import ReaderDep
+from serving_layer.deps import DbDep, ObserverDep, SettingsDep, ViewDep
+from serving_layer.errors import bad_request
+from serving_layer.params import (
+    by_of,
+    check_cells,
+    key_of,
+    metric_of,
+    range_of,
+    time_of,
+    window_of,
+)
+from serving_layer.responses import JSONResponse
+from serving_layer.schemas import (
+    KeysResponse,
+    MetricInfo,
+    MetricList,
+    SeriesResponse,
+    TopResponse,
+    problems,
+)
+from serving_layer.timefmt import format_time
+from shared.durations import format_duration
+from shared.windows import point_source, window_start, window_starts
 
-router = APIRouter(prefix="/v1/metrics", tags=["metrics"])
+router = APIRouter(
+    prefix="/v1/metrics",
+    tags=["metrics"],
+    dependencies=[ReaderDep],
+    responses=problems(400, 401, 404, 503),
+)
 
-
-def _metric(settings: Settings, name: str) -> MetricConfig:
-    metric = settings.metric(name)
-    if metric is None:
-        known = ", ".join(m.name for m in settings.metrics) or "none"
-        raise not_found(f"unknown metric {name!r}; configured metrics: {known}")
-    return metric
-
-
-def _window(metric: MetricConfig, text: str) -> int:
-    allowed = ", ".join(format_duration(w) for w in metric.windows)
-    try:
-        window = parse_duration(text)
-    except ValueError:
-        raise bad_request(f"window={text!r} is not a duration; use one of {allowed}") from None
-    if window not in metric.windows:
-        raise bad_request(f"window {text!r} is not configured for {metric.name}; use {allowed}")
-    return window
-
-
-def _time(name: str, text: str) -> int:
-    value = parse_time(text)
-    if value is None:
-        raise bad_request(
-            f"{name}={text!r} is not a time; send RFC 3339 with an offset "
-            "(e.g. 2024-05-01T00:00:00Z) or integer epoch milliseconds"
-        )
-    return value
+WindowQ = Annotated[str, Query(description="one of the metric's windows, e.g. 1h")]
+StartQ = Annotated[str, Query(description="RFC 3339 with offset, or epoch milliseconds")]
 
 
-@router.get("")
-def list_metrics(settings: SettingsDep) -> dict[str, Any]:
-    return {
-        "metrics": [
-            {
-                "name": m.name,
-                "source": m.source,
-                "key": list(m.key),
-                "value": m.value,
-                "aggregations": list(m.output_names),
-                "windows": [format_duration(w) for w in m.windows],
-                "grace": format_duration(m.grace) if m.grace else "0s",
-                "version": settings.metric_version(m),
-            }
+def _w(watermark: int | None) -> str | None:
+    return None if watermark is None else format_time(watermark)
+
+
+@router.get("", response_model=MetricList)
+def list_metrics(settings: SettingsDep, view: ViewDep) -> MetricList:
+    return MetricList(
+        metrics=[
+            MetricInfo(
+                name=m.name,
+                source=m.source,
+                key=list(m.key),
+                value=m.value,
+                aggregations=list(m.output_names),
+                by=list(m.output_names),
+                windows=[format_duration(w) for w in m.windows],
+                grace=format_duration(m.grace) if m.grace else "0s",
+                version=view.versions[m.name],
+            )
             for m in settings.metrics
         ]
+    )
+
+
+@router.get(
+    "/{metric_name}/keys",
+    response_model=KeysResponse,
+    response_class=JSONResponse,
+    description="Keys with data in `[start, end)`: batch cells before W, speed cells after.",
+)
+def keys(
+    metric_name: str,
+    settings: SettingsDep,
+    db: DbDep,
+    view: ViewDep,
+    start: StartQ,
+    end: Annotated[str, Query(description="exclusive end")],
+    prefix: Annotated[
+        str | None, Query(description="keys whose first dimension starts with this")
+    ] = None,
+    limit: Annotated[int, Query(description="at most this many keys, ascending")] = 100,
+) -> JSONResponse:
+    metric = metric_of(settings, metric_name)
+    start_ms, end_ms = range_of(start, end)
+    if not 1 <= limit <= settings.serving.max_keys_limit:
+        raise bad_request(f"limit must be between 1 and {settings.serving.max_keys_limit}")
+    base = metric.base_window
+    check_cells(
+        settings,
+        (end_ms - start_ms + base - 1) // base,
+        f"narrow [start, end) to at most {settings.serving.max_cells} "
+        f"{format_duration(base)} cells",
+    )
+    with db.connection() as conn:
+        result, found = view.keys(conn, metric, start_ms, end_ms, prefix)
+    body = {
+        "metric": metric.name,
+        "start": format_time(start_ms),
+        "end": format_time(end_ms),
+        "batch_watermark": _w(result.watermark),
+        "speed_status": result.speed_status,
+        "keys": [dict(zip(metric.key, k, strict=True)) for k in found[:limit]],
+        "truncated": len(found) > limit,
     }
+    return JSONResponse(body)
 
 
-@router.get("/{metric_name}/series")
+@router.get(
+    "/{metric_name}/series",
+    response_model=SeriesResponse,
+    response_class=JSONResponse,
+    description=(
+        "The windows whose start is in `[start, end)`, merged from the batch view (cells ending "
+        "at or before W) and the speed view. Every key dimension is a required query parameter "
+        "(`?page=/home`). Empty windows are omitted."
+    ),
+)
 def series(
     metric_name: str,
     request: Request,
     settings: SettingsDep,
     db: DbDep,
-    redis_client: RedisDep,
-    window: str = Query(..., description="one of the metric's windows, e.g. 1h"),
-    start: str = Query(..., description="RFC 3339 or epoch ms; windows starting at or after"),
-    end: str = Query(..., description="RFC 3339 or epoch ms; windows starting before"),
-) -> dict[str, Any]:
-    metric = _metric(settings, metric_name)
-    window_ms = _window(metric, window)
-    start_ms, end_ms = _time("start", start), _time("end", end)
-    if start_ms >= end_ms:
-        raise bad_request("start must be before end")
-    key = []
-    for dim in metric.key:
-        value = request.query_params.get(dim)
-        if value is None:
-            raise bad_request(
-                f"missing key dimension {dim!r}; {metric.name} needs "
-                + ", ".join(f"{d}=<value>" for d in metric.key)
-            )
-        key.append(value)
+    view: ViewDep,
+    observer: ObserverDep,
+    window: WindowQ,
+    start: StartQ,
+    end: Annotated[str, Query(description="windows starting before this")],
+) -> JSONResponse:
+    metric = metric_of(settings, metric_name)
+    window_ms = window_of(metric, window)
+    start_ms, end_ms = range_of(start, end)
+    key = key_of(metric, request.query_params)
     starts = window_starts(start_ms, end_ms, window_ms)
-    cells = len(starts) * max(1, window_ms // metric.base_window)
-    if cells > settings.serving.max_cells:
-        raise bad_request(
-            f"the query spans {cells} cells, more than the limit of {settings.serving.max_cells}; "
-            "narrow [start, end) or use a larger window"
-        )
-    result = read_series(settings, db, redis_client, metric, window_ms, list(starts), tuple(key))
-    return {
+    check_cells(
+        settings,
+        len(starts) * (window_ms // metric.base_window),
+        "narrow [start, end) or use a larger window",
+    )
+    with db.connection() as conn:
+        result = view.series(conn, metric, window_ms, starts, key)
+    observer.observe_merge("series", result.batch_cells, result.speed_states)
+    if result.speed_status == "unavailable":
+        observer.speed_unavailable.inc()
+    for point in result.points:
+        point["start"] = format_time(point["start"])
+        point["end"] = format_time(point["end"])
+    body = {
         "metric": metric.name,
         "window": format_duration(window_ms),
         "key": dict(zip(metric.key, key, strict=True)),
-        "batch_watermark": None
-        if result.watermark_ms is None
-        else format_time(result.watermark_ms),
+        "batch_watermark": _w(result.watermark),
         "speed_status": result.speed_status,
         "points": result.points,
     }
+    return JSONResponse(body)
+
+
+@router.get(
+    "/{metric_name}/top",
+    response_model=TopResponse,
+    response_class=JSONResponse,
+    description="Keys ranked by `by` over the window containing `at`, largest first; ties by "
+    "key ascending.",
+)
+def top(
+    metric_name: str,
+    settings: SettingsDep,
+    db: DbDep,
+    view: ViewDep,
+    observer: ObserverDep,
+    window: WindowQ,
+    at: Annotated[str, Query(description="any instant inside the window")],
+    by: Annotated[str, Query(description="one of the metric's aggregations")] = "count",
+    n: Annotated[int, Query(description="how many keys")] = 10,
+) -> JSONResponse:
+    metric = metric_of(settings, metric_name)
+    window_ms = window_of(metric, window)
+    at_ms = time_of("at", at)
+    by = by_of(metric, by)
+    if not 1 <= n <= settings.serving.max_top_n:
+        raise bad_request(f"n must be between 1 and {settings.serving.max_top_n}")
+    check_cells(settings, window_ms // metric.base_window, "use a smaller window for top queries")
+    start_ms = window_start(at_ms, window_ms)
+    end_ms = start_ms + window_ms
+    with db.connection() as conn:
+        result, ranked = view.top(conn, metric, window_ms, start_ms, by)
+    observer.observe_merge("top", result.batch_cells, result.speed_states)
+    if result.speed_status == "unavailable":
+        observer.speed_unavailable.inc()
+    source = point_source(start_ms, end_ms, result.watermark)
+    body = {
+        "metric": metric.name,
+        "window": format_duration(window_ms),
+        "start": format_time(start_ms),
+        "end": format_time(end_ms),
+        "by": by,
+        "batch_watermark": _w(result.watermark),
+        "speed_status": result.speed_status,
+        "items": [
+            {"key": dict(zip(metric.key, key, strict=True)), "value": value, "source": source}
+            for key, value in ranked[:n]
+        ],
+    }
+    return JSONResponse(body)

@@ -1,0 +1,471 @@
+"""Serving-layer benchmark: one uvicorn worker over real Redis + PostgreSQL holding a realistic
+view, driven open loop (latency counted from each request's scheduled send time).
+
+    .venv/bin/python bench/serve.py [--quick]
+
+It brings up the local stack (`lambdactl.stack.stack_up`), loads a fresh PostgreSQL database
+`lp_bench` and Redis database 11 directly in the stores' formats (10k keys, 4 source partitions,
+count/sum/min/max/avg/distinct, W = newest event - 1 h - grace), starts the server as a
+subprocess, then measures:
+
+- `s1440`: the last day at 1m (1,440 cells straddling W) at a constant rate (target p99 <= 100 ms);
+- `s60`: the last hour at 1m (60 speed cells) at a constant rate (target p99 <= 50 ms);
+- `max_rps`: closed loop, concurrency 16, on the s60 query;
+- `top_p99_ms`: `top` over a batch hour and over a speed minute, closed loop;
+- `raw_ms`: the underlying PostgreSQL statement + Redis call of one s1440 request, and the
+  ratio of an unloaded request's median latency to it.
+
+The load generator runs on the same machine as the server (here: 2 cores, shared)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import psycopg
+import redis
+import yaml
+from psycopg import sql
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from batch_layer.publish import Publication, publish_full_generation  # noqa: E402
+from lambdactl.stack import stack_up  # noqa: E402
+from serving_layer.merged_view import _SERIES_SQL, MergedView, _plans  # noqa: E402
+from serving_layer.timefmt import format_time  # noqa: E402
+from shared.aggregates import AggState  # noqa: E402
+from shared.config import Settings  # noqa: E402
+from shared.db.migrate import upgrade  # noqa: E402
+from shared.speed_store import EPOCH_KEY, cell_key, encode_key, fence_key  # noqa: E402
+
+MINUTE, HOUR, DAY = 60_000, 3_600_000, 86_400_000
+GRACE = 2 * MINUTE
+PARTITIONS = 4
+KEYS = 10_000
+HOT_KEYS = 50
+REDIS_DB = 11
+PG_DB = "lp_bench"
+
+
+def bench_config(pg_url: str, redis_url: str) -> dict[str, Any]:
+    return {
+        "sources": [
+            {"name": "bench", "topic": "bench-views", "time_field": "ts", "partitions": PARTITIONS}
+        ],
+        "metrics": [
+            {
+                "name": "views",
+                "source": "bench",
+                "key": ["page"],
+                "value": "latency_ms",
+                "aggregations": ["count", "sum", "min", "max", "avg", "distinct(user_id)"],
+                "windows": ["1m", "1h", "1d"],
+                "grace": "2m",
+            }
+        ],
+        "redis": {"url": redis_url},
+        "postgres": {"url": pg_url},
+    }
+
+
+def _with_db(url: str, name: str) -> str:
+    return url.rpartition("/")[0] + "/" + name
+
+
+def load_view(settings: Settings, newest: int, sparse_events: int, seed: int = 1) -> int:
+    """Events for 10k keys (50 hot keys with events every minute of the last 26 h, the rest
+    sparse), aggregated into batch cells up to W (every window) and speed sub-cells after W."""
+    metric = settings.metrics[0]
+    version = settings.metric_version(metric)
+    watermark = (newest - HOUR - GRACE) // MINUTE * MINUTE
+    rng = random.Random(seed)
+    first = newest - 26 * HOUR
+    states: dict[tuple[int, int, str], AggState] = {}
+    speed: dict[tuple[int, int, str], AggState] = {}
+
+    def add(t: int, page: str, value: float, user: str) -> None:
+        base_start = t - t % MINUTE
+        if base_start + MINUTE <= watermark:
+            for size in metric.windows:
+                cell = (size, t - t % size, page)
+                state = states.get(cell)
+                if state is None:
+                    state = states[cell] = AggState.empty(1)
+                state.add(value, (user,))
+        else:
+            cell = (base_start, rng.randrange(PARTITIONS), page)
+            state = speed.get(cell)
+            if state is None:
+                state = speed[cell] = AggState.empty(1)
+            state.add(value, (user,))
+
+    for h in range(HOT_KEYS):
+        page = f"/hot/{h}"
+        for minute in range(first, newest, MINUTE):
+            for _ in range(3):
+                add(
+                    minute + rng.randrange(MINUTE),
+                    page,
+                    rng.lognormvariate(4, 0.6),
+                    f"u{rng.randrange(2000)}",
+                )
+    for _ in range(sparse_events):
+        page = f"/page/{rng.randrange(KEYS - HOT_KEYS)}"
+        add(
+            rng.randrange(first, newest),
+            page,
+            rng.lognormvariate(4, 0.6),
+            f"u{rng.randrange(20000)}",
+        )
+
+    rows = (
+        (
+            metric.name,
+            version,
+            size,
+            start,
+            [page],
+            s.count,
+            s.total,
+            s.minimum,
+            s.maximum,
+            [sk.serialize_compact() for sk in s.sketches],
+            s.distinct_estimates(),
+        )
+        for (size, start, page), s in states.items()
+    )
+    publication = Publication(
+        snapshot={"bench-views": {str(p): 0 for p in range(PARTITIONS)}},
+        watermarks={metric.name: watermark},
+        rebuild_from={"bench-views": {str(p): 0 for p in range(PARTITIONS)}},
+        versions={metric.name: version},
+    )
+    with psycopg.connect(settings.postgres.url) as conn:
+        _, written = publish_full_generation(conn, rows, [], ["bench"], publication)
+        conn.commit()
+        conn.execute("ANALYZE batch_cells")
+        conn.commit()
+    client = redis.Redis.from_url(settings.redis.url)
+    client.flushdb()
+    client.set(EPOCH_KEY, "bench")
+    pipe = client.pipeline(transaction=False)
+    for n, ((start, partition, page), s) in enumerate(speed.items()):
+        pipe.hset(
+            cell_key(metric.name, version, start, partition), encode_key([page]), s.to_bytes()
+        )
+        if n % 5000 == 4999:
+            pipe.execute()
+    for p in range(PARTITIONS):
+        pipe.hset(fence_key("bench-views", p), mapping={"offset": 1000, "stream_time": newest})
+    pipe.execute()
+    print(
+        f"loaded {written} batch cells, {len(speed)} speed sub-cells; W = "
+        f"{format_time(watermark)}, newest event {format_time(newest)}",
+        flush=True,
+    )
+    return watermark
+
+
+class RawHttp:
+    """A minimal keep-alive HTTP/1.1 GET client on asyncio streams (cheaper than httpx, so
+    the load generator steals less CPU from the server it shares the cores with)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def get(self, path: str) -> int:
+        reused = bool(self._idle)
+        if reused:
+            reader, writer = self._idle.pop()
+        else:
+            reader, writer = await asyncio.open_connection(self.host, self.port)
+        try:
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\n\r\n".encode())
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (OSError, asyncio.IncompleteReadError):
+            writer.close()
+            if not reused:
+                raise
+            return await self.get(path)  # the server closed an idle keep-alive connection
+        status = int(head[9:12])
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        await reader.readexactly(length)
+        self._idle.append((reader, writer))
+        return status
+
+    def close(self) -> None:
+        for _, writer in self._idle:
+            writer.close()
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+async def open_loop(
+    client: RawHttp, paths: Callable[[], str], rate: float, seconds: float
+) -> tuple[float, float, int]:
+    """Send at a constant rate; latency from each request's scheduled time. Returns
+    (p99 ms, achieved req/s, errors)."""
+    loop = asyncio.get_running_loop()
+    total = int(rate * seconds)
+    latencies: list[float] = []
+    errors = 0
+    t0 = loop.time() + 0.05
+
+    async def one(i: int) -> None:
+        nonlocal errors
+        scheduled = t0 + i / rate
+        delay = scheduled - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        try:
+            status = await client.get(paths())
+        except (OSError, asyncio.IncompleteReadError):
+            status = 0
+        if status != 200:
+            errors += 1
+        latencies.append((loop.time() - scheduled) * 1000)
+
+    await asyncio.gather(*(one(i) for i in range(total)))
+    elapsed = loop.time() - t0
+    return pct(latencies, 0.99), len(latencies) / elapsed, errors
+
+
+async def closed_loop(
+    client_factory: Callable[[], RawHttp],
+    paths: Callable[[], str],
+    concurrency: int,
+    seconds: float | None = None,
+    requests: int | None = None,
+) -> tuple[float, float, float]:
+    """Each worker sends its next request when the previous answered. Returns
+    (req/s, p50 ms, p99 ms)."""
+    loop = asyncio.get_running_loop()
+    latencies: list[float] = []
+    t0 = loop.time()
+    deadline = None if seconds is None else t0 + seconds
+    remaining = [requests if requests is not None else 10**12]
+
+    async def worker() -> None:
+        client = client_factory()
+        try:
+            while remaining[0] > 0 and (deadline is None or loop.time() < deadline):
+                remaining[0] -= 1
+                started = loop.time()
+                await client.get(paths())
+                latencies.append((loop.time() - started) * 1000)
+        finally:
+            client.close()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = loop.time() - t0
+    return len(latencies) / elapsed, pct(latencies, 0.5), pct(latencies, 0.99)
+
+
+def raw_reads_ms(settings: Settings, newest: int, page: str, repeats: int = 30) -> float:
+    """The PostgreSQL statement and the Redis call one s1440 request makes, timed alone."""
+    metric = settings.metrics[0]
+    view = MergedView(settings, redis.Redis.from_url(settings.redis.url))
+    version = view.versions[metric.name]
+    with psycopg.connect(settings.postgres.url, autocommit=True) as conn:
+        served = conn.execute(
+            "SELECT generation, (watermarks->>%s)::bigint, xmin::text FROM served_view",
+            [metric.name],
+        ).fetchone()
+        assert served is not None
+        generation, watermark, stamp = served
+        starts = range(newest - DAY, newest, MINUTE)
+        plans = _plans(starts, MINUTE, MINUTE, watermark, metric.windows)
+        refs = [ref for plan in plans for ref in plan.batch_cells]
+        params = {
+            "metric": metric.name,
+            "version": version,
+            "generation": generation,
+            "x": stamp,
+            "key": [page],
+            "sizes": [r.size_ms for r in refs],
+            "starts": [r.start_ms for r in refs],
+            "needs": [False] * len(refs),
+        }
+        speed_starts = [s for plan in plans for s in plan.speed_cells]
+        timings = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            rows = conn.execute(_SERIES_SQL, params).fetchall()
+            view.speed.read_key(metric.name, version, speed_starts, PARTITIONS, encode_key([page]))
+            timings.append((time.perf_counter() - started) * 1000)
+        assert len(rows) == len(refs)
+    return statistics.median(timings)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(config_path: Path, port: int) -> subprocess.Popen[bytes]:
+    code = (
+        "import uvicorn\n"
+        "from serving_layer import create_app\n"
+        "from shared.config import load_settings\n"
+        f"uvicorn.run(create_app(load_settings()), host='127.0.0.1', port={port}, "
+        "log_level='warning', access_log=False)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAMBDA_")}
+    env["LAMBDA_CONFIG"] = str(config_path)
+    env["PYTHONPATH"] = str(ROOT)
+    server = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return server
+        except OSError:
+            time.sleep(0.1)
+    server.kill()
+    raise SystemExit("the server did not start")
+
+
+async def measure(
+    args: argparse.Namespace, port: int, newest: int, watermark: int, settings: Settings
+) -> None:
+    rng = random.Random(7)
+    scale = 0.5 if args.quick else 1.0
+
+    def series(span: int) -> Callable[[], str]:
+        def path() -> str:
+            query = {
+                "window": "1m",
+                "start": format_time(newest - span),
+                "end": format_time(newest),
+                "page": f"/hot/{rng.randrange(HOT_KEYS)}",
+            }
+            return "/v1/metrics/views/series?" + urlencode(query)
+
+        return path
+
+    client = RawHttp("127.0.0.1", port)
+    for _ in range(3 * HOT_KEYS):  # warm up: connections, plans, hints, the batch cell cache
+        await client.get(series(DAY)())
+        await client.get(series(HOUR)())
+    unloaded = []
+    for _ in range(30):
+        started = time.perf_counter()
+        await client.get(series(DAY)())
+        unloaded.append((time.perf_counter() - started) * 1000)
+    request_ms = statistics.median(unloaded)
+
+    s1440_p99, s1440_rps, e1 = await open_loop(client, series(DAY), args.s1440_rate, 20 * scale)
+    print(
+        f"s1440: {args.s1440_rate} req/s offered, {s1440_rps:.1f} achieved, "
+        f"p99 {s1440_p99:.1f} ms, errors {e1}",
+        flush=True,
+    )
+    s60_p99, s60_rps, e2 = await open_loop(client, series(HOUR), args.s60_rate, 20 * scale)
+    print(
+        f"s60: {args.s60_rate} req/s offered, {s60_rps:.1f} achieved, p99 {s60_p99:.1f} ms, "
+        f"errors {e2}",
+        flush=True,
+    )
+    max_rps, max_p50, max_p99 = await closed_loop(
+        lambda: RawHttp("127.0.0.1", port), series(HOUR), 16, seconds=10 * scale
+    )
+    print(
+        f"max (closed loop, 16 concurrent, s60 query): {max_rps:.0f} req/s, "
+        f"p50 {max_p50:.1f} ms, p99 {max_p99:.1f} ms",
+        flush=True,
+    )
+    batch_hour = (watermark - 3 * HOUR) // HOUR * HOUR
+    tops = [
+        {"window": "1h", "at": format_time(batch_hour), "by": "count", "n": 10},
+        {"window": "1h", "at": format_time(batch_hour), "by": "distinct_user_id", "n": 10},
+        {"window": "1m", "at": format_time(newest - 10 * MINUTE), "by": "sum", "n": 10},
+    ]
+    top_rps, top_p50, top_p99 = await closed_loop(
+        lambda: RawHttp("127.0.0.1", port),
+        lambda: "/v1/metrics/views/top?" + urlencode(rng.choice(tops)),
+        4,
+        requests=int(150 * scale),
+    )
+    print(
+        f"top (1h batch by count/distinct, 1m speed by sum; 4 concurrent): "
+        f"{top_rps:.0f} req/s, p50 {top_p50:.1f} ms, p99 {top_p99:.1f} ms",
+        flush=True,
+    )
+    client.close()
+    raw = raw_reads_ms(settings, newest, "/hot/1")
+    print(
+        f"one s1440 request: raw PostgreSQL + Redis reads {raw:.2f} ms; unloaded request "
+        f"median {request_ms:.2f} ms",
+        flush=True,
+    )
+    print(
+        f"BENCH serve s1440_rate={args.s1440_rate} s1440_achieved_rps={s1440_rps:.1f} "
+        f"s1440_p99_ms={s1440_p99:.1f} s60_rate={args.s60_rate} "
+        f"s60_achieved_rps={s60_rps:.1f} s60_p99_ms={s60_p99:.1f} max_rps={max_rps:.0f} "
+        f"top_p99_ms={top_p99:.1f} raw_ms={raw:.2f} ratio={request_ms / raw:.2f}",
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller data, shorter phases")
+    parser.add_argument("--s1440-rate", type=float, default=100)
+    parser.add_argument("--s60-rate", type=float, default=500)
+    args = parser.parse_args()
+
+    base = Settings()
+    states = stack_up(base)
+    down = [s.name for s in states if not s.reachable]
+    if down:
+        raise SystemExit(f"services unreachable: {down}")
+    with psycopg.connect(base.postgres.url, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(PG_DB))
+        )
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(PG_DB)))
+    config = bench_config(
+        _with_db(base.postgres.url, PG_DB), _with_db(base.redis.url, str(REDIS_DB))
+    )
+    settings = Settings(**config)
+    upgrade(settings.postgres.url)
+    newest = int(time.time() * 1000) // MINUTE * MINUTE
+    started = time.monotonic()
+    watermark = load_view(settings, newest, 150_000 if args.quick else 400_000)
+    print(f"load took {time.monotonic() - started:.0f} s", flush=True)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config_path = Path(tmp) / "lambda.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        port = free_port()
+        server = start_server(config_path, port)
+        try:
+            asyncio.run(measure(args, port, newest, watermark, settings))
+        finally:
+            server.terminate()
+            server.wait(10)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Prometheus metrics of the serving layer, in a registry per app (tests build many apps):
+request latency per route, errors, merge sizes, and the batch watermark's age per metric,
+read from the served row at scrape time."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from psycopg_pool import ConnectionPool
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from shared.config import Settings
+from shared.db.served import read_served
+
+log = logging.getLogger(__name__)
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+_CELL_BUCKETS = (0, 1, 10, 60, 100, 500, 1_000, 1_500, 5_000, 10_000, 50_000, 100_000)
+
+
+class ServingMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.latency = Histogram(
+            "lambda_serving_request_seconds",
+            "HTTP request latency by route template",
+            ["method", "route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.requests = Counter(
+            "lambda_serving_requests_total",
+            "HTTP requests by route template and status code",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "lambda_serving_errors_total",
+            "HTTP responses with a 4xx/5xx status, by route and class",
+            ["route", "kind"],
+            registry=self.registry,
+        )
+        self.merge_cells = Histogram(
+            "lambda_serving_merge_cells",
+            "Cells merged per query, by layer (batch rows, speed sub-cell states)",
+            ["endpoint", "layer"],
+            buckets=_CELL_BUCKETS,
+            registry=self.registry,
+        )
+        self.speed_unavailable = Counter(
+            "lambda_serving_speed_unavailable_total",
+            "Queries answered batch-only because Redis was unreachable",
+            registry=self.registry,
+        )
+
+    def observe_merge(self, endpoint: str, batch_cells: int, speed_states: int) -> None:
+        self.merge_cells.labels(endpoint, "batch").observe(batch_cells)
+        self.merge_cells.labels(endpoint, "speed").observe(speed_states)
+
+
+class WatermarkAgeCollector(Collector):
+    """`batch_watermark_age_seconds{metric}` = now - W, read when Prometheus scrapes."""
+
+    def __init__(self, settings: Settings, pool: ConnectionPool) -> None:
+        self._settings = settings
+        self._pool = pool
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        gauge = GaugeMetricFamily(
+            "batch_watermark_age_seconds",
+            "Seconds between now and the served batch watermark W, per metric",
+            labels=["metric"],
+        )
+        try:
+            with self._pool.connection(timeout=2.0) as conn:
+                served = read_served(conn)
+        except Exception as exc:  # a scrape must not fail because PostgreSQL is down
+            log.warning("watermark age not collected: %s", exc)
+            served = None
+        if served is not None:
+            now_ms = time.time() * 1000
+            for metric in self._settings.metrics:
+                w = served.watermark(metric.name, self._settings.metric_version(metric))
+                if w is not None:
+                    gauge.add_metric([metric.name], (now_ms - w) / 1000)
+        yield gauge
+
+    def describe(self) -> list[Any]:
+        return []
+
+
+class MetricsMiddleware:
+    """Pure ASGI middleware (no per-request task overhead) timing each route template."""
+
+    def __init__(self, app: ASGIApp, metrics: ServingMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            method = scope.get("method", "GET")
+            self.metrics.latency.labels(method, template).observe(time.perf_counter() - started)
+            self.metrics.requests.labels(method, template, str(status)).inc()
+            if status >= 400:
+                self.metrics.errors.labels(template, "5xx" if status >= 500 else "4xx").inc()

@@ -1,0 +1,86 @@
+"""`/v1/status`: the speed layer's lag per partition, W and its age per metric, last runs."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+
+from serving_layer.auth import ReaderDep
+from serving_layer.deps import DbDep, SettingsDep, ViewDep
+from serving_layer.routes.runs import _iso, run_out
+from serving_layer.schemas import MetricWatermark, PartitionLag, StatusResponse, problems
+from serving_layer.timefmt import format_time
+from shared.db.runs import list_runs
+from shared.db.served import read_served
+from shared.speed_store import fence_key
+
+router = APIRouter(
+    prefix="/v1", tags=["status"], dependencies=[ReaderDep], responses=problems(400, 401, 503)
+)
+
+
+@router.get("/status", response_model=StatusResponse)
+def status(request: Request, settings: SettingsDep, db: DbDep, view: ViewDep) -> StatusResponse:
+    with db.connection() as conn:
+        row = conn.execute("SELECT published_at FROM served_view WHERE id = 1").fetchone()
+        served = read_served(conn)
+        runs = [run_out(r) for r in list_runs(conn, limit=5)]
+    speed_status = view.speed.status()
+    kafka = request.app.state.kafka
+    kafka_state = kafka.check()
+    partitions: list[PartitionLag] = []
+    for source in settings.sources:
+        ends = None if kafka_state != "ok" else kafka.end_offsets(source.topic, source.partitions)
+        fences: list[tuple[int | None, int | None]] = [(None, None)] * source.partitions
+        if speed_status != "unavailable":
+            try:
+                pipe = view.speed.client.pipeline(transaction=False)
+                for p in range(source.partitions):
+                    pipe.hmget(fence_key(source.topic, p), ["offset", "stream_time"])
+                fences = [
+                    (None if o is None else int(o), None if t is None else int(t))
+                    for o, t in pipe.execute()
+                ]
+            except Exception:  # Redis went away between the two calls: report it as such
+                speed_status = "unavailable"
+        for p in range(source.partitions):
+            offset, stream_time = fences[p]
+            end = None if ends is None else ends.get(p)
+            lag = None
+            if end is not None and speed_status != "unavailable":
+                lag = max(0, end - (0 if offset is None else offset + 1))
+            partitions.append(
+                PartitionLag(
+                    topic=source.topic,
+                    partition=p,
+                    end_offset=end,
+                    applied_offset=offset,
+                    lag=lag,
+                    stream_time=None if stream_time is None else format_time(stream_time),
+                )
+            )
+    now_ms = time.time() * 1000
+    metrics = []
+    for metric in settings.metrics:
+        version = view.versions[metric.name]
+        w = None if served is None else served.watermark(metric.name, version)
+        metrics.append(
+            MetricWatermark(
+                metric=metric.name,
+                batch_watermark=None if w is None else format_time(w),
+                age_s=None if w is None else round((now_ms - w) / 1000, 3),
+                served_version=None if served is None else served.versions.get(metric.name),
+                configured_version=version,
+            )
+        )
+    return StatusResponse(
+        speed_status=speed_status,
+        generation=None if served is None else served.generation,
+        published_at=None if row is None else _iso(row[0]),
+        partitions=partitions,
+        metrics=metrics,
+        runs=runs,
+        kafka=kafka_state,
+        postgres="ok",
+    )

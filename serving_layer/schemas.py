@@ -1,0 +1,176 @@
+"""Response and request bodies of the public contract, as pydantic models so `/docs` and
+`/openapi.json` describe exactly what the API sends."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SpeedStatus = Literal["ok", "rebuilding", "unavailable"]
+PointSource = Literal["batch", "speed", "mixed"]
+Number = int | float
+
+
+class Problem(BaseModel):
+    """Every 4xx/5xx: `detail` says what went wrong and what to send instead."""
+
+    detail: str
+
+
+def problems(*codes: int) -> dict[int | str, dict[str, object]]:
+    """OpenAPI `responses` entries for the error codes a route can answer with."""
+    meaning = {
+        400: "bad input; `detail` says what to send",
+        401: "missing or unknown token (when tokens are configured)",
+        403: "a reader token on an operator route",
+        404: "unknown metric or run",
+        409: "the run is not queued",
+        503: "PostgreSQL is unreachable",
+    }
+    return {code: {"model": Problem, "description": meaning[code]} for code in codes}
+
+
+class MetricInfo(BaseModel):
+    name: str
+    source: str
+    key: list[str] = Field(description="key dimensions; each is a required query parameter")
+    value: str | None
+    aggregations: list[str] = Field(description="the point fields, e.g. count, distinct_user_id")
+    by: list[str] = Field(description="values accepted by `top?by=`")
+    windows: list[str]
+    grace: str
+    version: str
+
+
+class MetricList(BaseModel):
+    metrics: list[MetricInfo]
+
+
+class Point(BaseModel):
+    """One window. Besides start/end/source it carries exactly the metric's aggregations
+    (`count`, `sum`, `min`, `max`, `avg`, `distinct_<field>`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    start: str
+    end: str
+    source: PointSource
+
+
+class SeriesResponse(BaseModel):
+    metric: str
+    window: str
+    key: dict[str, str]
+    batch_watermark: str | None = Field(description="W: cells ending at or before it are batch")
+    speed_status: SpeedStatus
+    points: list[Point]
+
+
+class TopItem(BaseModel):
+    key: dict[str, str]
+    value: Number | None
+    source: PointSource
+
+
+class TopResponse(BaseModel):
+    metric: str
+    window: str
+    start: str
+    end: str
+    by: str
+    batch_watermark: str | None
+    speed_status: SpeedStatus
+    items: list[TopItem]
+
+
+class KeysResponse(BaseModel):
+    metric: str
+    start: str
+    end: str
+    batch_watermark: str | None
+    speed_status: SpeedStatus
+    keys: list[dict[str, str]]
+    truncated: bool = Field(description="more keys matched than `limit`")
+
+
+class RunCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["incremental", "full", "range"] = "incremental"
+    start: str | int | None = Field(
+        default=None, description="range runs: RFC 3339 with offset or epoch milliseconds"
+    )
+    end: str | int | None = Field(default=None, description="range runs: exclusive end")
+
+
+class Run(BaseModel):
+    run_id: int
+    mode: str
+    start: str | None
+    end: str | None
+    status: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    progress: float = Field(description="0..1")
+    requested_at: str
+    started_at: str | None
+    finished_at: str | None
+    heartbeat_at: str | None
+    duration_s: float | None
+    rows_in: int | None
+    rows_out: int | None
+    malformed: int | None
+    skipped: dict[str, int] | None
+    w_before: dict[str, str] | None
+    w_after: dict[str, str] | None
+    generation: int | None
+    error: str | None
+    executed_mode: str | None = Field(
+        default=None, description="the mode it ran as (a changed metric turns runs into full)"
+    )
+    attempt: int = 1
+    timings: dict[str, float] | None = Field(default=None, description="seconds per phase")
+
+
+class RunQueued(Run):
+    coalesced: bool = Field(description="an identical queued run existed; this is its id")
+
+
+class RunList(BaseModel):
+    runs: list[Run]
+
+
+class PartitionLag(BaseModel):
+    topic: str
+    partition: int
+    end_offset: int | None = Field(description="Kafka's end offset; null if Kafka is down")
+    applied_offset: int | None = Field(description="the speed layer's fence")
+    lag: int | None
+    stream_time: str | None
+
+
+class MetricWatermark(BaseModel):
+    metric: str
+    batch_watermark: str | None
+    age_s: float | None = Field(description="now - W, in seconds")
+    served_version: str | None
+    configured_version: str
+
+
+class StatusResponse(BaseModel):
+    speed_status: SpeedStatus
+    generation: int | None
+    published_at: str | None
+    partitions: list[PartitionLag]
+    metrics: list[MetricWatermark]
+    runs: list[Run]
+    kafka: str
+    postgres: str
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Ready(BaseModel):
+    ready: bool
+    checks: dict[str, str]

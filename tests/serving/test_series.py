@@ -1,0 +1,169 @@
+"""Merge rule 8 through the API against real PostgreSQL and Redis: random W, windows and
+events, each event stored in exactly one layer by its base cell's position against W; every
+window's point must equal the brute force over its events."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from serving_layer import create_app
+from serving_layer.timefmt import format_time, parse_time
+from shared.db.connect import connect
+from shared.durations import format_duration
+from shared.windows import point_source, window_starts
+from tests.conftest import Platform
+from tests.oracle import compare
+from tests.serving.views import batch_rows, expected, key_of, publish, random_events, write_speed
+
+pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
+
+MINUTE, HOUR, DAY = 60_000, 3_600_000, 86_400_000
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+PAGES = ["/", "/a", "/b", "/c"]
+
+
+def _load(platform: Platform, seed: int, w_offset_min: int) -> tuple[list[Any], int]:
+    rng = random.Random(seed)
+    events = random_events(rng, T0 - DAY, T0 + DAY, 1500, PAGES)
+    watermark = T0 + w_offset_min * MINUTE
+    rows, ws = [], {}
+    for metric in platform.settings.metrics:
+        rows += batch_rows(platform.settings, metric, events, watermark)
+        ws[metric.name] = watermark
+        write_speed(platform.settings, metric, events, watermark, seed)
+    publish(platform.settings, rows, ws)
+    return events, watermark
+
+
+def _check_series(
+    client: TestClient,
+    platform: Platform,
+    events: list[Any],
+    watermark: int,
+    window_ms: int,
+    start: int,
+    end: int,
+) -> None:
+    for metric in platform.settings.metrics:
+        if window_ms not in metric.windows:
+            continue
+        params = {
+            "window": format_duration(window_ms),
+            "start": format_time(start),
+            "end": format_time(end),
+        }
+        key: tuple[str, ...] = ()
+        if metric.key:
+            params["page"] = "/a"
+            key = ("/a",)
+        r = client.get(f"/v1/metrics/{metric.name}/series", params=params)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["batch_watermark"] == format_time(watermark)
+        assert body["speed_status"] == "ok"
+        want, want_sources = {}, {}
+        for s in window_starts(start, end, window_ms):
+            inside = [
+                e for e in events if s <= e.time_ms < s + window_ms and key_of(metric, e) == key
+            ]
+            if inside:
+                cell = (metric.name, window_ms, s, key)
+                want[cell] = expected(metric, inside)
+                want_sources[cell] = point_source(s, s + window_ms, watermark)
+        got, got_sources = {}, {}
+        for point in body["points"]:
+            cell = (metric.name, window_ms, parse_time(point["start"]), key)
+            got[cell] = {k: v for k, v in point.items() if k not in ("start", "end", "source")}
+            got_sources[cell] = point["source"]
+        assert compare(want, got) == []
+        assert got_sources == want_sources
+
+
+@pytest.mark.parametrize("w_offset_min", [-7 * 60 - 13, 0, 17])
+def test_series_equals_brute_force_across_w(platform: Platform, w_offset_min: int) -> None:
+    events, watermark = _load(platform, seed=w_offset_min, w_offset_min=w_offset_min)
+    with TestClient(create_app(platform.settings)) as client:
+        for window_ms in (MINUTE, HOUR, DAY):
+            span = {MINUTE: 3 * HOUR, HOUR: 2 * DAY, DAY: 3 * DAY}[window_ms]
+            _check_series(
+                client,
+                platform,
+                events,
+                watermark,
+                window_ms,
+                watermark - span // 2 + 7,
+                watermark + span // 2,
+            )
+
+
+def test_redis_down_answers_batch_only(platform: Platform) -> None:
+    _load(platform, seed=3, w_offset_min=0)
+    cfg = platform.settings.model_copy(
+        update={
+            "redis": platform.settings.redis.model_copy(update={"url": "redis://127.0.0.1:1/0"})
+        }
+    )
+    with TestClient(create_app(cfg)) as client:
+        r = client.get(
+            "/v1/metrics/views_by_page/series",
+            params={
+                "window": "1h",
+                "start": format_time(T0 - DAY),
+                "end": format_time(T0 + DAY),
+                "page": "/",
+            },
+        )
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["speed_status"] == "unavailable"
+        assert body["points"]
+        assert {p["source"] for p in body["points"]} == {"batch"}
+        r = client.get(
+            "/v1/metrics/views_by_page/top", params={"window": "1h", "at": format_time(T0 + HOUR)}
+        )
+        assert r.status_code == 200 and r.json()["speed_status"] == "unavailable"
+        r = client.get(
+            "/v1/metrics/views_by_page/keys",
+            params={"start": format_time(T0 - DAY), "end": format_time(T0 + DAY)},
+        )
+        assert r.status_code == 200 and r.json()["keys"]
+        assert client.get("/v1/status").status_code == 200
+        assert client.get("/readyz").status_code == 503
+
+
+def test_rebuilding_when_epoch_missing(platform: Platform, client: TestClient) -> None:
+    _load(platform, seed=4, w_offset_min=0)
+    redis.Redis.from_url(platform.settings.redis.url).delete("lp:epoch")
+    r = client.get(
+        "/v1/metrics/views_total/series",
+        params={"window": "1m", "start": format_time(T0), "end": format_time(T0 + HOUR)},
+    )
+    assert r.json()["speed_status"] == "rebuilding"
+
+
+def test_cached_batch_cells_follow_an_in_place_publication(platform: Platform) -> None:
+    """An incremental/range run upserts cells into the served generation and rewrites the
+    served row in the same transaction (rule 6): the next answer must show the new cells."""
+    _load(platform, seed=5, w_offset_min=0)
+    params = {"window": "1m", "start": format_time(T0 - HOUR), "end": format_time(T0)}
+    with TestClient(create_app(platform.settings)) as client:
+        before = client.get("/v1/metrics/views_total/series", params=params).json()["points"]
+        again = client.get("/v1/metrics/views_total/series", params=params).json()["points"]
+        assert before == again and before
+        first = parse_time(before[0]["start"])
+        with connect(platform.settings.postgres.url) as conn:
+            conn.execute(
+                "UPDATE batch_cells SET count = count + 1000 "
+                "WHERE metric = 'views_total' AND window_ms = %s AND start_ms = %s",
+                [MINUTE, first],
+            )
+            conn.execute("UPDATE served_view SET published_at = now()")
+            conn.commit()
+        after = client.get("/v1/metrics/views_total/series", params=params).json()["points"]
+        assert after[0]["count"] == before[0]["count"] + 1000
+        assert after[1:] == before[1:]
