@@ -30,17 +30,32 @@ LATER = T0 + 10 * DAY  # a CreateTime no test event is "in the future" of
 CONFIG: dict[str, Any] = {
     "sources": [
         {"name": "pv", "topic": "pv", "time_field": "ts", "id_field": "id", "partitions": 2},
-        {"name": "plain", "topic": "plain", "time_field": "ts", "partitions": 1,
-         "max_future": "1s"},
+        {
+            "name": "plain",
+            "topic": "plain",
+            "time_field": "ts",
+            "partitions": 1,
+            "max_future": "1s",
+        },
     ],
     "metrics": [
-        {"name": "by_page", "source": "pv", "key": ["page"], "value": "lat",
-         "aggregations": ["count", "sum", "min", "max", "avg", "distinct(user)"],
-         "windows": ["1m", "1h", "1d"], "grace": "2m"},
-        {"name": "total", "source": "pv", "key": [], "aggregations": ["count"],
-         "windows": ["1m"]},
-        {"name": "plain_count", "source": "plain", "key": ["k"],
-         "aggregations": ["count", "distinct(u)"], "windows": ["1m", "1d"]},
+        {
+            "name": "by_page",
+            "source": "pv",
+            "key": ["page"],
+            "value": "lat",
+            "aggregations": ["count", "sum", "min", "max", "avg", "distinct(user)"],
+            "windows": ["1m", "1h", "1d"],
+            "grace": "2m",
+        },
+        {"name": "total", "source": "pv", "key": [], "aggregations": ["count"], "windows": ["1m"]},
+        {
+            "name": "plain_count",
+            "source": "plain",
+            "key": ["k"],
+            "aggregations": ["count", "distinct(u)"],
+            "windows": ["1m", "1d"],
+        },
     ],
 }
 
@@ -205,8 +220,14 @@ def test_aggregates_have_exactly_the_configured_fields_in_every_window() -> None
         pv(3, T0 + 59_999, lat=-4, user="a"),
     )
     cells = compute_cells(CONFIG, recs)
-    expected = {"count": 3, "sum": -0.5, "min": -4.0, "max": 2.5, "avg": -0.5 / 3,
-                "distinct_user": 2}
+    expected = {
+        "count": 3,
+        "sum": -0.5,
+        "min": -4.0,
+        "max": 2.5,
+        "avg": -0.5 / 3,
+        "distinct_user": 2,
+    }
     for size in (MIN, HOUR, DAY):
         assert cells[("by_page", size, T0, ("home",))] == expected
     assert cells[("total", MIN, T0, ())] == {"count": 3}
@@ -224,8 +245,7 @@ def test_duplicates() -> None:
         {"id": "y", "ts": T0, "page": "home", "user": "u", "lat": 1},
         {"id": "z", "ts": T0, "page": "home", "user": "u", "lat": 1},
     )
-    p1 = records("pv", {"id": "z", "ts": T0 + MIN, "page": "x", "user": "u", "lat": 1},
-                 partition=1)
+    p1 = records("pv", {"id": "z", "ts": T0 + MIN, "page": "x", "user": "u", "lat": 1}, partition=1)
     result = compute(CONFIG, p1 + p0)  # partition order decides, not list order
     assert result.duplicates == 3
     assert result.malformed == {"time_missing": 1}
@@ -261,7 +281,9 @@ def test_late_rule_with_grace_per_partition() -> None:
     assert cells[("by_page", DAY, T0, ("home",))]["count"] == 5
     # grace 0: a later event of an earlier cell is late at once
     assert {c[2]: v["count"] for c, v in cells.items() if c[0] == "total"} == {
-        T0: 2, T0 + 3 * MIN: 1}
+        T0: 2,
+        T0 + 3 * MIN: 1,
+    }
     everything = compute_cells(CONFIG, p0 + p1)
     assert everything[("by_page", HOUR, T0, ("home",))]["count"] == 7
 
@@ -345,5 +367,4 @@ def test_compare() -> None:
     assert any("count expected 3, got 4" in line for line in lines)
     assert any("sum expected 0.3, got 0.31" in line for line in lines)
     assert any("distinct_u expected 1000, got 1052" in line for line in lines)
-    assert compare({a: {"count": 1}}, {a: {}}) == [
-        f"cell {a}: field count missing (expected 1)"]
+    assert compare({a: {"count": 1}}, {a: {}}) == [f"cell {a}: field count missing (expected 1)"]
