@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from enum import StrEnum
 from typing import Annotated
 
 import typer
@@ -25,6 +26,12 @@ app.add_typer(topics_app, name="topics")
 app.add_typer(db_app, name="db")
 app.add_typer(batch_app, name="batch")
 console = Console()
+
+
+class RunModeOption(StrEnum):
+    incremental = "incremental"
+    full = "full"
+    range = "range"
 
 
 def _settings() -> Settings:
@@ -89,31 +96,53 @@ def speed() -> None:
     run_worker(_settings())
 
 
+@batch_app.command("runner")
+def batch_runner(
+    once: Annotated[bool, typer.Option(help="execute the runs due now, then exit")] = False,
+    no_schedule: Annotated[bool, typer.Option(help="do not queue the scheduled runs")] = False,
+) -> None:
+    """Execute queued runs one at a time, and queue incremental runs on `batch.schedule`."""
+    import logging
+
+    from batch_layer import run_runner
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    run_runner(_settings(), once=once, schedule=not no_schedule)
+
+
 @batch_app.command("run")
 def batch_run(
-    mode: Annotated[str, typer.Option(help="full (incremental and range: see the batch issue)")] = (
-        "full"
-    ),
+    mode: Annotated[
+        RunModeOption, typer.Option(help="what to recompute")
+    ] = RunModeOption.incremental,
+    start: Annotated[str | None, typer.Option(help="range start (RFC 3339 or epoch ms)")] = None,
+    end: Annotated[str | None, typer.Option(help="range end (RFC 3339 or epoch ms)")] = None,
 ) -> None:
-    """Queue a run and execute it here, showing progress until done."""
-    if mode != "full":
-        console.print("[red]only --mode full is available so far[/red]")
-        raise typer.Exit(2)
-    from batch_layer import run_full, spark_session
-    from shared.db.connect import connect
-    from shared.db.runs import RunRequest, queue_run
+    """Queue a run, then show its progress until it is done (executing it here when no
+    runner is active)."""
+    from lambdactl.batch_watch import watch_run
+    from shared.db.runs import RunRequest
 
     settings = _settings()
-    with connect(settings.postgres.url, autocommit=True) as conn:
-        run_id = queue_run(conn, RunRequest("full"))[0]
-    started = time.monotonic()
-    with console.status(f"batch run {run_id} ({mode}) running..."):
-        summary = run_full(settings, spark_session(settings), run_id)
-    console.print(
-        f"run {run_id} succeeded in {time.monotonic() - started:.1f}s: generation "
-        f"{summary.generation}, {summary.rows_in} records in, {summary.rows_out} cells out, "
-        f"{summary.malformed} malformed, W = {summary.watermarks}"
-    )
+    try:
+        request = RunRequest(mode.value, _time_option("start", start), _time_option("end", end))
+    except ValueError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
+    if not watch_run(settings, request, console):
+        raise typer.Exit(1)
+
+
+def _time_option(name: str, text: str | None) -> int | None:
+    from serving_layer.timefmt import parse_time
+
+    if text is None:
+        return None
+    value = parse_time(text)
+    if value is None:
+        console.print(f"[red]--{name} {text!r}: send RFC 3339 with an offset or epoch ms[/red]")
+        raise typer.Exit(2)
+    return value
 
 
 @app.command()

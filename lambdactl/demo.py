@@ -69,7 +69,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None:
-    from batch_layer import run_full, spark_session
+    from lambdactl.batch_watch import watch_run
     from shared.db.connect import connect
     from shared.db.runs import RunRequest, queue_run
 
@@ -90,20 +90,11 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
             )
         ),
     )
-    spark = spark_session(settings)
-
-    def batch() -> None:
-        with connect(settings.postgres.url, autocommit=True) as conn:
-            run_id = queue_run(conn, RunRequest("full"))[0]
-        summary = run_full(settings, spark, run_id)
-        marks = ", ".join(
-            f"{m}={'none' if w is None else format_time(w)}" for m, w in summary.watermarks.items()
-        )
-        console.print(f"batch run {run_id}: {summary.rows_in} records; W: {marks}")
-
-    batch()
     base = f"http://{settings.serving.host}:{settings.serving.port}"
     with ExitStack() as processes:
+        processes.callback(_stop, _spawn(["batch", "runner"], "batch-runner.log", settings))
+        if not watch_run(settings, RunRequest("full"), console, execute_here=False):
+            raise LambdaError("the first batch run failed; see .lambda/logs/batch-runner.log")
         processes.callback(_stop, _spawn(["speed"], "speed.log", settings))
         server = _spawn(["serve"], "serve.log", settings)
         processes.callback(_stop, server)
@@ -117,7 +108,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
             f"  sample:    curl '{base}/v1/metrics/{metric.name}/series?window=1m"
             f"&start={format_time(hour_ago)}&end={format_time(hour_ago + 120 * MINUTE)}{key}'\n"
             f"  logs:      {settings.stack.data_dir / 'logs'}\n"
-            "Live events flow now; a full batch run follows every "
+            "Live events flow now; an incremental batch run is queued every "
             f"{options.batch_every_s:.0f} s. Ctrl-C stops the demo (the stack keeps running).\n",
             soft_wrap=True,
         )
@@ -140,6 +131,8 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
                 ),
             )
             if time.monotonic() - last_batch >= options.batch_every_s:
-                batch()
+                with connect(settings.postgres.url, autocommit=True) as conn:
+                    run_id, _ = queue_run(conn, RunRequest("incremental"))
+                console.print(f"queued incremental run {run_id}")
                 last_batch = time.monotonic()
             time.sleep(max(0.0, 1.0 - (time.time() * 1000 - tick) / 1000))

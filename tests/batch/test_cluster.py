@@ -112,7 +112,7 @@ def test_batch_run_on_a_standalone_cluster(platform: Platform, cluster: str) -> 
     run_id = queue(settings, RunRequest("full"))
     env = {**platform.env, "LAMBDA_SPARK__MASTER": cluster, "LAMBDA_SPARK__DRIVER_MEMORY": "1g"}
     job = subprocess.run(
-        [sys.executable, "-m", "batch_layer", "runner", "--once", "--no-schedule"],
+        [sys.executable, "-m", "lambdactl", "batch", "runner", "--once", "--no-schedule"],
         env=env,
         capture_output=True,
         timeout=240,

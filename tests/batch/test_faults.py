@@ -41,7 +41,7 @@ def _state(settings: Settings) -> tuple[Any, ...]:
 
 def _runner(platform: Platform, **env: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "batch_layer", "runner", "--once", "--no-schedule"],
+        [sys.executable, "-m", "lambdactl", "batch", "runner", "--once", "--no-schedule"],
         env={**platform.env, "LAMBDA_BATCH__HEARTBEAT_S": "0.5", **env},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
