@@ -40,6 +40,7 @@ from shared.db.connect import connect
 from shared.db.migrate import upgrade
 from shared.db.runs import RunRequest, queue_run
 from shared.kafka import admin_client, create_topics
+from tests.conftest import platform_config
 
 HOUR = 3_600_000
 
@@ -75,34 +76,7 @@ def make_world(base: Settings, tag: str) -> World:
     url = base.postgres.url.rpartition("/")[0] + f"/{dbname}"
     upgrade(url)
     config: dict[str, Any] = {
-        "sources": [
-            {
-                "name": "pageviews",
-                "topic": f"bench-{tag}",
-                "time_field": "ts",
-                "id_field": "event_id",
-                "partitions": 4,
-            }
-        ],
-        "metrics": [
-            {
-                "name": "views_by_page",
-                "source": "pageviews",
-                "key": ["page"],
-                "value": "latency_ms",
-                "aggregations": ["count", "sum", "min", "max", "avg", "distinct(user_id)"],
-                "windows": ["1m", "1h", "1d"],
-                "grace": "2m",
-            },
-            {
-                "name": "views_total",
-                "source": "pageviews",
-                "key": [],
-                "aggregations": ["count", "distinct(user_id)"],
-                "windows": ["1m", "1h"],
-                "grace": "2m",
-            },
-        ],
+        **platform_config(tag),
         "kafka": {"bootstrap_servers": base.kafka.bootstrap_servers},
         "postgres": {"url": url},
         "spark": base.spark.model_dump(),

@@ -39,7 +39,7 @@ import orjson
 import psycopg
 import redis
 import yaml
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -48,6 +48,8 @@ from lambdactl.generator import GeneratorSpec, generate, produce
 from shared.config import Settings
 from shared.kafka import create_topics
 from shared.speed_store import fence_key
+from tests.conftest import platform_config
+from tests.speed.support import end_offsets
 
 MINUTE = 60_000
 
@@ -56,49 +58,11 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-probe"})
-    try:
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
-            for p in range(partitions)
-        }
-    finally:
-        consumer.close()
-
-
 def build_config(tag: str, partitions: int, stack: Settings, redis_db: int) -> dict[str, Any]:
     base, _, _ = stack.postgres.url.rpartition("/")
     rbase, _, _ = stack.redis.url.rpartition("/")
     return {
-        "sources": [
-            {
-                "name": "pageviews",
-                "topic": f"bench-{tag}",
-                "time_field": "ts",
-                "id_field": "event_id",
-                "partitions": partitions,
-            }
-        ],
-        "metrics": [
-            {
-                "name": "views_by_page",
-                "source": "pageviews",
-                "key": ["page"],
-                "value": "latency_ms",
-                "aggregations": ["count", "sum", "min", "max", "avg", "distinct(user_id)"],
-                "windows": ["1m", "1h", "1d"],
-                "grace": "2m",
-            },
-            {
-                "name": "views_total",
-                "source": "pageviews",
-                "key": [],
-                "aggregations": ["count", "distinct(user_id)"],
-                "windows": ["1m", "1h"],
-                "grace": "2m",
-            },
-        ],
+        **platform_config(tag, partitions),
         "kafka": {"bootstrap_servers": stack.kafka.bootstrap_servers},
         "redis": {"url": f"{rbase}/{redis_db}"},
         "postgres": {"url": f"{base}/lp_bench_{tag}"},

@@ -4,8 +4,6 @@ and the brute-force oracle must all agree on every record."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -19,7 +17,7 @@ from shared.db.runs import RunRequest, queue_run
 from shared.kafka import create_topics
 from tests import oracle
 from tests.conftest import Platform
-from tests.e2e.test_walking_skeleton import wait_until_applied
+from tests.speed.support import drain_with_worker
 from tests.views import batch_view_cells, speed_view_cells
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
@@ -164,17 +162,7 @@ def test_speed_batch_and_oracle_agree_on_the_edge_corpus(platform: Platform, spa
     malformed_total = sum(expected.malformed.values())
     assert malformed_total >= 20 and expected.duplicates >= 2
 
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "lambdactl", "speed"],
-        env=platform.env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_until_applied(platform)
-    finally:
-        worker.terminate()
-        worker.wait(30)
+    drain_with_worker(platform, platform.config_path.with_name("speed.log"))
     assert oracle.compare(expected.cells, speed_view_cells(platform.settings)) == []
     assert len(dead_letter_keys(bootstrap, source.dlq_topic, source.partitions)) == (
         malformed_total

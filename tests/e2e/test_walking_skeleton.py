@@ -3,14 +3,10 @@ speed worker (Faust → Redis) → GET /series, compared with the brute-force or
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from typing import Any
 
 import pytest
-import redis
-from confluent_kafka import Consumer, TopicPartition
 from fastapi.testclient import TestClient
 
 from batch_layer import run_full
@@ -21,41 +17,13 @@ from shared.db.connect import connect
 from shared.db.runs import RunRequest, queue_run
 from shared.db.served import read_served
 from shared.kafka import create_topics
-from shared.speed_store import fence_key
 from tests import oracle
 from tests.conftest import Platform
+from tests.speed.support import drain_with_worker
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
 
 MINUTE = 60_000
-
-
-def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
-    try:
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
-            for p in range(partitions)
-        }
-    finally:
-        consumer.close()
-
-
-def wait_until_applied(platform: Platform, timeout_s: float = 180) -> None:
-    """Until the speed view's fence of every partition has reached the topic's end."""
-    source = platform.settings.sources[0]
-    ends = end_offsets(platform.settings.kafka.bootstrap_servers, source.topic, source.partitions)
-    client = redis.Redis.from_url(platform.settings.redis.url)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        fences = [client.hget(fence_key(source.topic, p), "offset") for p in range(len(ends))]
-        if all(
-            end == 0 or (f is not None and int(f) + 1 >= end)
-            for f, end in zip(fences, ends.values(), strict=True)
-        ):
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"speed worker did not catch up: fences {fences}, ends {ends}")
 
 
 def expected_point(
@@ -97,17 +65,7 @@ def test_merged_series_equals_oracle_across_batch_and_speed(platform: Platform, 
 
     live = GeneratorSpec(now - 35 * MINUTE, now, 3000, seed=2)
     produce(bootstrap, source.topic, generate(live))
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "lambdactl", "speed"],
-        env=platform.env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_until_applied(platform)
-    finally:
-        worker.terminate()
-        worker.wait(30)
+    drain_with_worker(platform, platform.config_path.with_name("speed.log"))
     all_records = oracle.read_topic(bootstrap, source.topic)
 
     watermarks = {m: served.watermarks[m] for m in ("views_by_page", "views_total")}

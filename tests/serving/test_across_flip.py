@@ -4,8 +4,6 @@ the flip — must equal the brute-force oracle for the W it reports."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 from typing import Any
@@ -23,7 +21,7 @@ from shared.db.served import read_served
 from shared.kafka import create_topics
 from tests import oracle
 from tests.conftest import Platform
-from tests.e2e.test_walking_skeleton import wait_until_applied
+from tests.speed.support import drain_with_worker
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
 
@@ -104,17 +102,7 @@ def test_answers_match_oracle_before_during_after_flip(platform: Platform, spark
     w1 = _full_run(platform, spark)
     first = oracle.read_topic(bootstrap, source.topic)
     produce(bootstrap, source.topic, generate(GeneratorSpec(now - 55 * MINUTE, now, 2000, seed=12)))
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "lambdactl", "speed"],
-        env=platform.env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_until_applied(platform)
-    finally:
-        worker.terminate()
-        worker.wait(30)
+    drain_with_worker(platform, platform.config_path.with_name("speed.log"))
     everything = oracle.read_topic(bootstrap, source.topic)
     batch1 = oracle.compute_cells(platform.config, first)
     batch2 = oracle.compute_cells(platform.config, everything)

@@ -58,8 +58,18 @@ def stop_worker(worker: subprocess.Popen[bytes], timeout_s: float = 30) -> int:
     return int(worker.returncode)
 
 
+def drain_with_worker(platform: Platform, log_path: Path) -> None:
+    """Run one worker until the speed view has every record of the topic, then stop it."""
+    worker = start_worker(platform, log_path)
+    try:
+        wait_until_applied(platform, workers=[worker])
+    finally:
+        assert stop_worker(worker) == 0, f"the worker failed; see {log_path}"
+
+
 def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "speed-test-probe"})
+    """Each partition's end offset (high watermark), asked of the broker, not the cache."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "end-offsets-probe"})
     try:
         return {
             p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
@@ -78,7 +88,7 @@ def fences(platform: Platform) -> list[int | None]:
 
 def wait_until_applied(
     platform: Platform,
-    timeout_s: float = 90,
+    timeout_s: float = 180,
     workers: list[subprocess.Popen[bytes]] | None = None,
 ) -> None:
     """Until every partition's fence has reached the topic's end and no rebuild is pending."""
