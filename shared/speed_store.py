@@ -211,39 +211,3 @@ class SpeedStore:
         for i in range(0, len(keys), 500):
             deleted += int(self._client.unlink(*keys[i : i + 500]))
         return deleted
-
-
-def read_cells(
-    client: redis.Redis,
-    metric: str,
-    version: str,
-    starts: Sequence[int],
-    partitions: int,
-    key: Sequence[str] | None,
-) -> dict[int, dict[bytes, list[bytes]]]:
-    """Speed sub-cells of the given base cells: start -> encoded key -> one state per partition.
-
-    One pipelined round trip; with `key` only that key's states are fetched."""
-    pipe = client.pipeline(transaction=False)
-    wanted = None if key is None else encode_key(key)
-    for start in starts:
-        for partition in range(partitions):
-            name = cell_key(metric, version, start, partition)
-            if wanted is None:
-                pipe.hgetall(name)
-            else:
-                pipe.hget(name, wanted)
-    replies = iter(pipe.execute())
-    cells: dict[int, dict[bytes, list[bytes]]] = {}
-    for start in starts:
-        by_key: dict[bytes, list[bytes]] = {}
-        for _ in range(partitions):
-            reply = next(replies)
-            items: Mapping[bytes, bytes] = (
-                reply if wanted is None else ({wanted: reply} if reply is not None else {})
-            )
-            for encoded, state in items.items():
-                by_key.setdefault(encoded, []).append(state)
-        if by_key:
-            cells[start] = by_key
-    return cells
