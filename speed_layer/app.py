@@ -379,12 +379,15 @@ class SpeedWorker:
 
     def _build_app(self) -> faust.App:
         speed = self.settings.speed
+        faust_dir = self.settings.stack.data_dir / "faust"
+        faust_dir.mkdir(parents=True, exist_ok=True)
         app = faust.App(
             speed.app_id,
             broker=f"kafka://{self.settings.kafka.bootstrap_servers}",
             value_serializer="raw",
             key_serializer="raw",
             store="memory://",
+            datadir=str(faust_dir / speed.app_id),
             web_enabled=False,
             broker_session_timeout=speed.session_timeout_s,
             broker_rebalance_timeout=speed.rebalance_timeout_s,
