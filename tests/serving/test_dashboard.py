@@ -22,7 +22,7 @@ from shared.config import Settings
 from tests.conftest import Platform
 from tests.serving.views import batch_rows, publish, random_events, write_speed
 
-pytestmark = [pytest.mark.services, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.services, pytest.mark.timeout(900)]  # room to install chromium
 
 MINUTE = 60_000
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
@@ -44,12 +44,11 @@ def _chromium() -> tuple[str, str]:
     loudly (never skips) when they cannot be had."""
     browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if (browser is None or driver is None) and os.geteuid() == 0:
-        subprocess.run(
-            ["apt-get", "install", "-y", "chromium", "chromium-driver"],
-            check=False,
-            capture_output=True,
-            timeout=600,
-        )
+        install = ["apt-get", "install", "-y", "chromium", "chromium-driver"]
+        if subprocess.run(install, check=False, capture_output=True, timeout=600).returncode:
+            # A fresh machine may never have read the package lists.
+            subprocess.run(["apt-get", "update"], check=False, capture_output=True, timeout=600)
+            subprocess.run(install, check=False, capture_output=True, timeout=600)
         browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if browser is None or driver is None:
         pytest.fail(
