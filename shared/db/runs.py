@@ -72,21 +72,30 @@ class RunRecord:
 _COLUMNS = ", ".join(RunRecord.__dataclass_fields__)
 
 
+def _lock_and_find_queued(
+    conn: psycopg.Connection[Any], mode: str, start_ms: int | None, end_ms: int | None
+) -> int | None:
+    """The oldest queued run with this exact request, under a lock that keeps a concurrent
+    caller from queueing its twin until our transaction ends (what makes coalescing exact)."""
+    conn.execute("LOCK TABLE batch_runs IN SHARE ROW EXCLUSIVE MODE")
+    row = conn.execute(
+        """
+        SELECT id FROM batch_runs
+        WHERE status = 'queued' AND mode = %s
+          AND range_start_ms IS NOT DISTINCT FROM %s AND range_end_ms IS NOT DISTINCT FROM %s
+        ORDER BY id LIMIT 1
+        """,
+        [mode, start_ms, end_ms],
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
 def queue_run(conn: psycopg.Connection[Any], request: RunRequest) -> tuple[int, bool]:
     """Queue a run; returns (run id, whether it was coalesced with an identical queued one)."""
     with conn.transaction():
-        conn.execute("LOCK TABLE batch_runs IN SHARE ROW EXCLUSIVE MODE")
-        existing = conn.execute(
-            """
-            SELECT id FROM batch_runs
-            WHERE status = 'queued' AND mode = %s
-              AND range_start_ms IS NOT DISTINCT FROM %s AND range_end_ms IS NOT DISTINCT FROM %s
-            ORDER BY id LIMIT 1
-            """,
-            [request.mode, request.start_ms, request.end_ms],
-        ).fetchone()
+        existing = _lock_and_find_queued(conn, request.mode, request.start_ms, request.end_ms)
         if existing is not None:
-            return int(existing[0]), True
+            return existing, True
         row = conn.execute(
             """
             INSERT INTO batch_runs (mode, range_start_ms, range_end_ms, status)
@@ -204,17 +213,10 @@ def queue_retry(conn: psycopg.Connection[Any], failed: RunRecord, delay_s: float
     """Queue the next attempt of a failed run after `delay_s`; None when an identical request
     is already queued (it will do the work)."""
     with conn.transaction():
-        conn.execute("LOCK TABLE batch_runs IN SHARE ROW EXCLUSIVE MODE")
-        existing = conn.execute(
-            """
-            SELECT id FROM batch_runs
-            WHERE status = 'queued' AND mode = %s
-              AND range_start_ms IS NOT DISTINCT FROM %s AND range_end_ms IS NOT DISTINCT FROM %s
-            LIMIT 1
-            """,
-            [failed.mode, failed.range_start_ms, failed.range_end_ms],
-        ).fetchone()
-        if existing is not None:
+        if (
+            _lock_and_find_queued(conn, failed.mode, failed.range_start_ms, failed.range_end_ms)
+            is not None
+        ):
             return None
         row = conn.execute(
             """
