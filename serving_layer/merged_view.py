@@ -167,22 +167,29 @@ class SpeedReader:
                 states[start] = found
         return status, states
 
+    def _each_sub_cell(
+        self, command: str, metric: str, version: str, starts: Sequence[int], partitions: int
+    ) -> tuple[str, list[Any]]:
+        """Status and the replies of `command` (a Redis hash command) on every sub-cell of
+        the given base cells, pipelined in one round trip."""
+        status = self.status()
+        if status == "unavailable" or not starts:
+            return status, []
+        pipe = self.client.pipeline(transaction=False)
+        for start in starts:
+            for partition in range(partitions):
+                getattr(pipe, command)(cell_key(metric, version, start, partition))
+        try:
+            return status, pipe.execute()
+        except redis.RedisError:
+            self._failed()
+            return "unavailable", []
+
     def read_all(
         self, metric: str, version: str, starts: Sequence[int], partitions: int
     ) -> tuple[str, dict[bytes, list[bytes]]]:
         """Status and every key's sub-cell states over the given base cells."""
-        status = self.status()
-        if status == "unavailable" or not starts:
-            return status, {}
-        pipe = self.client.pipeline(transaction=False)
-        for start in starts:
-            for partition in range(partitions):
-                pipe.hgetall(cell_key(metric, version, start, partition))
-        try:
-            replies = pipe.execute()
-        except redis.RedisError:
-            self._failed()
-            return "unavailable", {}
+        status, replies = self._each_sub_cell("hgetall", metric, version, starts, partitions)
         by_key: dict[bytes, list[bytes]] = {}
         for reply in replies:
             for encoded, state in reply.items():
@@ -193,18 +200,7 @@ class SpeedReader:
         self, metric: str, version: str, starts: Sequence[int], partitions: int
     ) -> tuple[str, set[bytes]]:
         """Status and the encoded keys present in the given base cells."""
-        status = self.status()
-        if status == "unavailable" or not starts:
-            return status, set()
-        pipe = self.client.pipeline(transaction=False)
-        for start in starts:
-            for partition in range(partitions):
-                pipe.hkeys(cell_key(metric, version, start, partition))
-        try:
-            replies = pipe.execute()
-        except redis.RedisError:
-            self._failed()
-            return "unavailable", set()
+        status, replies = self._each_sub_cell("hkeys", metric, version, starts, partitions)
         return status, {name for reply in replies for name in reply}
 
 
