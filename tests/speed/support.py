@@ -15,11 +15,11 @@ import redis
 import yaml
 from confluent_kafka import Consumer, TopicPartition
 
-from shared.aggregates import AggState, merge_all
 from shared.config import Settings
-from shared.speed_store import REBUILDING_KEY, decode_key, fence_key
+from shared.speed_store import REBUILDING_KEY, fence_key
 from tests import oracle
 from tests.conftest import Platform
+from tests.views import speed_view_cells
 
 
 def with_speed(platform: Platform, **speed: Any) -> Platform:
@@ -113,24 +113,9 @@ def wait_until_applied(
 
 def speed_cells(platform: Platform) -> dict[oracle.Cell, dict[str, Any]]:
     """Every base cell in Redis, its partition sub-cells merged, in the oracle's form."""
-    settings = platform.settings
-    client = redis.Redis.from_url(settings.redis.url)
-    cells: dict[oracle.Cell, dict[str, Any]] = {}
-    for metric in settings.metrics:
-        prefix = f"lp:cell:{metric.name}:{settings.metric_version(metric)}:"
-        parts: dict[tuple[int, tuple[str, ...]], list[AggState]] = {}
-        for name in client.scan_iter(match=prefix + "*", count=1000):
-            start = int(name.decode()[len(prefix) :].split(":")[0])
-            stored: dict[bytes, bytes] = client.hgetall(name)  # type: ignore[assignment]
-            for encoded, state in stored.items():
-                parts.setdefault((start, decode_key(encoded)), []).append(
-                    AggState.from_bytes(state)
-                )
-        for (start, key), states in parts.items():
-            merged = merge_all(states)
-            assert merged is not None
-            cells[(metric.name, metric.base_window, start, key)] = merged.outputs(metric)
-    return cells
+    base = {m.name: m.base_window for m in platform.settings.metrics}
+    cells = speed_view_cells(platform.settings)
+    return {cell: values for cell, values in cells.items() if cell[1] == base[cell[0]]}
 
 
 def expected_base_cells(
