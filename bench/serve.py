@@ -36,6 +36,7 @@ from urllib.parse import urlencode
 
 import psycopg
 import redis
+import redis.asyncio as aioredis
 import yaml
 from psycopg import sql
 
@@ -44,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from batch_layer.publish import Publication, publish_full_generation  # noqa: E402
 from lambdactl.stack import stack_up  # noqa: E402
-from serving_layer.merged_view import _SERIES_SQL, MergedView, _plans  # noqa: E402
+from serving_layer.merged_view import _SERIES_SQL, MergedView, split_starts  # noqa: E402
 from serving_layer.timefmt import format_time  # noqa: E402
 from shared.aggregates import AggState  # noqa: E402
 from shared.config import Settings  # noqa: E402
@@ -281,39 +282,42 @@ async def closed_loop(
     return len(latencies) / elapsed, pct(latencies, 0.5), pct(latencies, 0.99)
 
 
-def raw_reads_ms(settings: Settings, newest: int, page: str, repeats: int = 30) -> float:
-    """The PostgreSQL statement and the Redis call one s1440 request makes, timed alone."""
+async def raw_reads_ms(settings: Settings, newest: int, page: str, repeats: int = 30) -> float:
+    """The PostgreSQL statement and the Redis call of one s1440 request without the point
+    cache (all 1,380-odd batch cells read), timed alone."""
     metric = settings.metrics[0]
-    view = MergedView(settings, redis.Redis.from_url(settings.redis.url))
+    client = aioredis.Redis.from_url(settings.redis.url)
+    view = MergedView(settings, client)
     version = view.versions[metric.name]
-    with psycopg.connect(settings.postgres.url, autocommit=True) as conn:
-        served = conn.execute(
+    async with await psycopg.AsyncConnection.connect(
+        settings.postgres.url, autocommit=True
+    ) as conn:
+        cursor = await conn.execute(
             "SELECT generation, (watermarks->>%s)::bigint, xmin::text FROM served_view",
             [metric.name],
-        ).fetchone()
+        )
+        served = await cursor.fetchone()
         assert served is not None
         generation, watermark, stamp = served
-        starts = range(newest - DAY, newest, MINUTE)
-        plans = _plans(starts, MINUTE, MINUTE, watermark, metric.windows)
-        refs = [ref for plan in plans for ref in plan.batch_cells]
+        batch, _, speed = split_starts(range(newest - DAY, newest, MINUTE), MINUTE, watermark)
         params = {
             "metric": metric.name,
             "version": version,
             "generation": generation,
             "x": stamp,
             "key": [page],
-            "sizes": [r.size_ms for r in refs],
-            "starts": [r.start_ms for r in refs],
-            "needs": [False] * len(refs),
+            "sizes": [MINUTE] * len(batch),
+            "starts": list(batch),
+            "needs": [False] * len(batch),
         }
-        speed_starts = [s for plan in plans for s in plan.speed_cells]
         timings = []
         for _ in range(repeats):
             started = time.perf_counter()
-            rows = conn.execute(_SERIES_SQL, params).fetchall()
-            view.speed.read_key(metric.name, version, speed_starts, PARTITIONS, encode_key([page]))
+            rows = await (await conn.execute(_SERIES_SQL, params)).fetchall()
+            await view.speed.read_key(metric.name, version, speed, PARTITIONS, encode_key([page]))
             timings.append((time.perf_counter() - started) * 1000)
-        assert len(rows) == len(refs)
+        assert len(rows) == len(batch)
+    await client.aclose()
     return statistics.median(timings)
 
 
@@ -413,7 +417,7 @@ async def measure(
         flush=True,
     )
     client.close()
-    raw = raw_reads_ms(settings, newest, "/hot/1")
+    raw = await raw_reads_ms(settings, newest, "/hot/1")
     print(
         f"one s1440 request: raw PostgreSQL + Redis reads {raw:.2f} ms; unloaded request "
         f"median {request_ms:.2f} ms",

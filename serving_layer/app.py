@@ -7,18 +7,19 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import redis
+import redis.asyncio as aioredis
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from psycopg_pool import ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from serving_layer.deps import Db
 from serving_layer.errors import install_error_handlers
 from serving_layer.kafka_probe import KafkaProbe
 from serving_layer.merged_view import MergedView
 from serving_layer.observability import MetricsMiddleware, ServingMetrics, WatermarkAgeCollector
+from serving_layer.pools import AsyncDb, Db
 from serving_layer.responses import JSONResponse
 from serving_layer.routes import dashboard, health, metrics, runs, status
 from shared.config import Settings
@@ -45,10 +46,23 @@ def create_app(settings: Settings) -> FastAPI:
             timeout=5.0,
         )
         app.state.db = Db(app.state.pg_pool)
+        async_pool = AsyncConnectionPool(
+            settings.postgres.url,
+            min_size=1,
+            max_size=8,
+            kwargs={"autocommit": True, "connect_timeout": 3},
+            open=False,
+            timeout=5.0,
+        )
+        await async_pool.open()
+        app.state.async_db = AsyncDb(async_pool)
         app.state.redis = redis.Redis.from_url(
             settings.redis.url, socket_timeout=1.0, socket_connect_timeout=0.5
         )
-        app.state.view = MergedView(settings, app.state.redis)
+        async_redis = aioredis.Redis.from_url(
+            settings.redis.url, socket_timeout=1.0, socket_connect_timeout=0.5
+        )
+        app.state.view = MergedView(settings, async_redis)
         app.state.kafka = KafkaProbe(
             settings.kafka.bootstrap_servers, settings.serving.kafka_timeout_s
         )
@@ -60,7 +74,9 @@ def create_app(settings: Settings) -> FastAPI:
             observer.registry.unregister(collector)
             app.state.kafka.close()
             app.state.pg_pool.close()
+            await async_pool.close()
             app.state.redis.close()
+            await async_redis.aclose()
 
     app = FastAPI(
         title="Lambda Platform",

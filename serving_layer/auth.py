@@ -57,14 +57,14 @@ def _check(request: Request, credentials: HTTPAuthorizationCredentials | None, n
         raise HTTPException(403, detail="this needs an operator token; a reader token can query")
 
 
-def require_reader(
+async def require_reader(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
     _check(request, credentials, "reader")
 
 
-def require_operator(
+async def require_operator(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:

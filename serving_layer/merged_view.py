@@ -18,24 +18,41 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import datasketches as ds
-import psycopg
+import orjson
 import redis
+import redis.asyncio as aioredis
 
 from serving_layer.errors import unavailable
+from serving_layer.pools import AsyncDb
+from serving_layer.timefmt import format_time
 from shared.aggregates import union_sketches
 from shared.config import MetricConfig, Settings
-from shared.speed_store import EPOCH_KEY, REBUILDING_KEY, cell_key, decode_key, encode_key
-from shared.windows import CellRef, WindowPlan, plan_window, point_source
+from shared.speed_store import (
+    EPOCH_KEY,
+    REBUILDING_KEY,
+    cell_key,
+    cell_key_prefix,
+    decode_key,
+    encode_key,
+)
+from shared.windows import CellRef, WindowPlan, plan_window
 
 _HEADER = struct.Struct("<qdddH")
 _LENGTH = struct.Struct("<I")
 _INF, _NINF = math.inf, -math.inf
 _GUARD_RETRIES = 4
 
-# One call: the epoch marker, the rebuilding set and one key's field in every sub-cell.
+# One call: the epoch marker, the rebuilding set and one key's field in every sub-cell. The
+# sub-cell names are built here from their prefix (ARGV[1]), the partition count (ARGV[3]) and
+# the base cell starts (ARGV[4..]): packing ~60 arguments instead of ~240 names is most of
+# what the call costs the client.
 _READ_LUA = """
 local out = {redis.call('EXISTS', KEYS[1]), redis.call('SCARD', KEYS[2])}
-for i = 3, #KEYS do out[#out + 1] = redis.call('HGET', KEYS[i], ARGV[1]) end
+local prefix, field, partitions = ARGV[1], ARGV[2], tonumber(ARGV[3])
+for i = 4, #ARGV do
+  local cell = prefix .. ARGV[i] .. ':'
+  for p = 0, partitions - 1 do out[#out + 1] = redis.call('HGET', cell .. p, field) end
+end
 return out
 """
 
@@ -110,16 +127,32 @@ class Served:
 class ReadResult:
     watermark: int | None
     speed_status: str
-    points: list[dict[str, Any]] = field(default_factory=list)
+    points: list[RenderedPoint] = field(default_factory=list)
     batch_cells: int = 0
     speed_states: int = 0
 
 
-class SpeedReader:
-    """Reads from Redis with a short circuit breaker: once Redis failed, requests answer
-    batch-only (`unavailable`) for `cooldown_s` instead of each waiting for a timeout."""
+def speed_status_of(has_epoch: Any, rebuilding: Any) -> str:
+    """ok, or rebuilding when Redis lost its data (no epoch marker) or a rebuild runs."""
+    return "ok" if has_epoch and not rebuilding else "rebuilding"
 
-    def __init__(self, client: redis.Redis, cooldown_s: float = 2.0) -> None:
+
+def speed_status(client: redis.Redis) -> str:
+    """The speed view's status read with a blocking client (for the operator routes)."""
+    try:
+        pipe = client.pipeline(transaction=False)
+        pipe.exists(EPOCH_KEY)
+        pipe.scard(REBUILDING_KEY)
+        return speed_status_of(*pipe.execute())
+    except redis.RedisError:
+        return "unavailable"
+
+
+class SpeedReader:
+    """Reads from Redis (asyncio) with a short circuit breaker: once Redis failed, requests
+    answer batch-only (`unavailable`) for `cooldown_s` instead of each waiting for a timeout."""
+
+    def __init__(self, client: aioredis.Redis, cooldown_s: float = 2.0) -> None:
         self.client = client
         self._script = client.register_script(_READ_LUA)
         self._cooldown = cooldown_s
@@ -131,7 +164,7 @@ class SpeedReader:
     def _failed(self) -> None:
         self._down_until = time.monotonic() + self._cooldown
 
-    def status(self) -> str:
+    async def status(self) -> str:
         """ok, rebuilding (Redis lost its data or a rebuild runs), or unavailable."""
         if not self._available():
             return "unavailable"
@@ -139,40 +172,38 @@ class SpeedReader:
             pipe = self.client.pipeline(transaction=False)
             pipe.exists(EPOCH_KEY)
             pipe.scard(REBUILDING_KEY)
-            has_epoch, rebuilding = pipe.execute()
+            has_epoch, rebuilding = await pipe.execute()
         except redis.RedisError:
             self._failed()
             return "unavailable"
-        return "ok" if has_epoch and not rebuilding else "rebuilding"
+        return speed_status_of(has_epoch, rebuilding)
 
-    def read_key(
+    async def read_key(
         self, metric: str, version: str, starts: Sequence[int], partitions: int, key: bytes
     ) -> tuple[str, dict[int, list[bytes]]]:
         """Status and one key's sub-cell states per base cell start, in one call."""
         if not self._available():
             return "unavailable", {}
-        names = [EPOCH_KEY, REBUILDING_KEY]
-        names += [cell_key(metric, version, s, p) for s in starts for p in range(partitions)]
+        args: list[Any] = [cell_key_prefix(metric, version), key, partitions, *starts]
         try:
-            reply = self._script(keys=names, args=[key])
+            reply = await self._script(keys=[EPOCH_KEY, REBUILDING_KEY], args=args)
         except redis.RedisError:
             self._failed()
             return "unavailable", {}
-        status = "ok" if reply[0] and not reply[1] else "rebuilding"
         states: dict[int, list[bytes]] = {}
         values = iter(reply[2:])
         for start in starts:
             found = [v for v in (next(values) for _ in range(partitions)) if v is not None]
             if found:
                 states[start] = found
-        return status, states
+        return speed_status_of(reply[0], reply[1]), states
 
-    def _each_sub_cell(
+    async def _each_sub_cell(
         self, command: str, metric: str, version: str, starts: Sequence[int], partitions: int
     ) -> tuple[str, list[Any]]:
         """Status and the replies of `command` (a Redis hash command) on every sub-cell of
         the given base cells, pipelined in one round trip."""
-        status = self.status()
+        status = await self.status()
         if status == "unavailable" or not starts:
             return status, []
         pipe = self.client.pipeline(transaction=False)
@@ -180,27 +211,27 @@ class SpeedReader:
             for partition in range(partitions):
                 getattr(pipe, command)(cell_key(metric, version, start, partition))
         try:
-            return status, pipe.execute()
+            return status, await pipe.execute()
         except redis.RedisError:
             self._failed()
             return "unavailable", []
 
-    def read_all(
+    async def read_all(
         self, metric: str, version: str, starts: Sequence[int], partitions: int
     ) -> tuple[str, dict[bytes, list[bytes]]]:
         """Status and every key's sub-cell states over the given base cells."""
-        status, replies = self._each_sub_cell("hgetall", metric, version, starts, partitions)
+        status, replies = await self._each_sub_cell("hgetall", metric, version, starts, partitions)
         by_key: dict[bytes, list[bytes]] = {}
         for reply in replies:
             for encoded, state in reply.items():
                 by_key.setdefault(encoded, []).append(state)
         return status, by_key
 
-    def read_fields(
+    async def read_fields(
         self, metric: str, version: str, starts: Sequence[int], partitions: int
     ) -> tuple[str, set[bytes]]:
         """Status and the encoded keys present in the given base cells."""
-        status, replies = self._each_sub_cell("hkeys", metric, version, starts, partitions)
+        status, replies = await self._each_sub_cell("hkeys", metric, version, starts, partitions)
         return status, {name for reply in replies for name in reply}
 
 
@@ -225,45 +256,103 @@ class ServedHints:
             self._hints[metric] = (stamp, generation, watermark)
 
 
-_Cells = dict[CellRef, Cell | None]
-"""Batch cells by reference; None = read and absent (no events in that cell)."""
+Point = dict[str, Any]
+"""One answer point as the API renders it: start, end, source and the aggregations."""
+
+RenderedPoint = Point | orjson.Fragment
+"""A point, or one already serialized (cached batch points: orjson copies their bytes)."""
 
 
-class BatchCellCache:
-    """Batch cells per (metric, key), valid for one stamp of the served row only: cells of
-    the served generation change only in a transaction that also rewrites that row (rule 6),
-    so an entry is never used once the row has changed — it cannot serve a stale answer."""
+class BatchPointCache:
+    """Rendered batch-side points per (metric, window, key), valid for one stamp of the served
+    row only: cells of the served generation change only in a transaction that also rewrites
+    that row (rule 6), so an entry is never used once the row has changed — it cannot serve a
+    stale answer. `None` marks a window known to be empty. Points are shared between answers
+    and never mutated."""
 
-    def __init__(self, max_cells: int = 200_000) -> None:
+    def __init__(self, max_points: int) -> None:
         self._lock = threading.Lock()
         self._entries: OrderedDict[
-            tuple[str, tuple[str, ...]], tuple[str, dict[CellRef, Cell | None]]
+            tuple[str, int, tuple[str, ...]], tuple[str, dict[int, orjson.Fragment | None]]
         ] = OrderedDict()
-        self._cells = 0
-        self._max = max_cells
+        self._points = 0
+        self._max = max_points
 
     def get(
-        self, metric: str, key: tuple[str, ...], stamp: str | None
-    ) -> dict[CellRef, Cell | None]:
+        self, metric: str, window_ms: int, key: tuple[str, ...], stamp: str | None
+    ) -> dict[int, orjson.Fragment | None]:
         with self._lock:
-            entry = self._entries.get((metric, key))
+            entry = self._entries.get((metric, window_ms, key))
             if entry is None or entry[0] != stamp:
                 return {}
-            self._entries.move_to_end((metric, key))
+            self._entries.move_to_end((metric, window_ms, key))
             return entry[1]
 
-    def put(self, metric: str, key: tuple[str, ...], stamp: str, cells: _Cells) -> None:
+    def add(
+        self,
+        metric: str,
+        window_ms: int,
+        key: tuple[str, ...],
+        stamp: str,
+        points: dict[int, orjson.Fragment | None],
+    ) -> None:
+        """Extend the entry of `stamp` with `points` (replacing one of an older stamp)."""
+        name = (metric, window_ms, key)
         with self._lock:
-            old = self._entries.pop((metric, key), None)
+            old = self._entries.pop(name, None)
+            merged: dict[int, orjson.Fragment | None] = {}
             if old is not None:
-                self._cells -= len(old[1])
-            if len(cells) > self._max:
+                self._points -= len(old[1])
+                if old[0] == stamp:
+                    merged = dict(old[1])  # readers may hold the old dict
+            merged.update(points)
+            if len(merged) > self._max:
                 return
-            self._entries[(metric, key)] = (stamp, cells)
-            self._cells += len(cells)
-            while self._cells > self._max:
+            self._entries[name] = (stamp, merged)
+            self._points += len(merged)
+            while self._points > self._max:
                 _, (_, evicted) = self._entries.popitem(last=False)
-                self._cells -= len(evicted)
+                self._points -= len(evicted)
+
+
+class SpeedPointCache:
+    """Rendered speed-side points by content: an entry's key holds the metric, the window and
+    the exact state bytes of every sub-cell read for it in this request, so a changed sub-cell
+    is a different key and an entry can never be stale. Between two polls of a live series
+    only the windows that received events miss. Least recently used entries go first once
+    the keys and points held exceed `max_bytes`."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._entries: OrderedDict[tuple[Any, ...], tuple[orjson.Fragment | None, int]] = (
+            OrderedDict()
+        )
+        self._bytes = 0
+        self._max = max_bytes
+
+    def point(
+        self,
+        metric: MetricConfig,
+        start: int,
+        window_ms: int,
+        source: str,
+        states: list[bytes],
+    ) -> orjson.Fragment | None:
+        """The rendered merge of `states` (parsed only on a miss)."""
+        content = (metric.name, start, window_ms, source, *states)
+        entry = self._entries.get(content)
+        if entry is not None:
+            self._entries.move_to_end(content)
+            return entry[0]
+        parts = [parse_state(state, bool(metric.distinct_fields)) for state in states]
+        rendered = _render(merge_cells(metric, parts), start, window_ms, source)
+        point = None if rendered is None else orjson.Fragment(orjson.dumps(rendered))
+        size = sum(map(len, states)) + (0 if rendered is None else 400)
+        self._entries[content] = (point, size)
+        self._bytes += size
+        while self._bytes > self._max:
+            _, (_, evicted) = self._entries.popitem(last=False)
+            self._bytes -= evicted
+        return point
 
 
 _SERVED_CTE = """
@@ -273,6 +362,10 @@ WITH s AS (
     FROM served_view WHERE id = 1
 )
 """
+
+_SERVED_SQL = _SERVED_CTE + "SELECT s.generation, s.w, s.v, NULL, s.x FROM s"
+"""The served row alone, shaped like a cell read that found nothing: when every cell a read
+needs is cached, this is the whole statement."""
 
 _SERIES_SQL = (
     _SERVED_CTE
@@ -323,17 +416,18 @@ LEFT JOIN LATERAL (
 class MergedView:
     """The merged batch + speed view of every configured metric (one per app)."""
 
-    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+    def __init__(self, settings: Settings, client: aioredis.Redis) -> None:
         self.settings = settings
         self.speed = SpeedReader(client)
         self.hints = ServedHints()
-        self.cache = BatchCellCache()
+        self.cache = BatchPointCache(settings.serving.cache_points)
+        self.speed_points = SpeedPointCache(settings.serving.speed_cache_bytes)
         self.versions = {m.name: settings.metric_version(m) for m in settings.metrics}
         self._partitions = {m.name: settings.source(m.source).partitions for m in settings.metrics}
 
-    def _guarded(
+    async def _guarded(
         self,
-        conn: psycopg.Connection[Any],
+        db: AsyncDb,
         metric: MetricConfig,
         query: str,
         params_for: Any,
@@ -345,7 +439,9 @@ class MergedView:
         for _ in range(_GUARD_RETRIES):
             params = params_for(stamp, watermark)
             params.update(metric=metric.name, version=version, x=stamp, generation=generation)
-            rows = conn.execute(query, params).fetchall()
+            statement = query if params["sizes"] else _SERVED_SQL
+            async with db.connection() as conn:
+                rows = await (await conn.execute(statement, params)).fetchall()
             if not rows:
                 served, row_stamp = Served(None, None), None
             else:
@@ -360,99 +456,108 @@ class MergedView:
             stamp, generation, watermark = row_stamp, served.generation, served.watermark
         raise unavailable("the batch view changed during the read several times; retry")
 
-    def series(
+    async def series(
         self,
-        conn: psycopg.Connection[Any],
+        db: AsyncDb,
         metric: MetricConfig,
         window_ms: int,
-        starts: Sequence[int],
+        starts: range,
         key: tuple[str, ...],
     ) -> ReadResult:
+        """The rendered points of the windows starting at `starts` (a range stepping by
+        `window_ms`): batch-only windows from the point cache or PostgreSQL, the window
+        straddling W (if any) and the speed windows merged from both stores."""
         base = metric.base_window
         has_distinct = bool(metric.distinct_fields)
-        plans: list[WindowPlan] = []
-        cached: dict[CellRef, Cell | None] = {}
-        wanted: list[CellRef] = []
+        split = [split_starts(starts, window_ms, None)]
+        cached: list[dict[int, orjson.Fragment | None]] = [{}]
+        missing: list[int] = []
+        plans: dict[int, WindowPlan] = {}
 
         def params_for(stamp: str | None, watermark: int | None) -> dict[str, Any]:
-            plans[:] = _plans(starts, window_ms, base, watermark, metric.windows)
-            cached.clear()
-            cached.update(self.cache.get(metric.name, key, stamp))
+            split[0] = split_starts(starts, window_ms, watermark)
+            batch, mixed, _ = split[0]
+            cached[0] = self.cache.get(metric.name, window_ms, key, stamp)
+            missing[:] = [s for s in batch if s not in cached[0]]
+            plans.clear()
             refs: dict[CellRef, bool] = {}
-            for plan in plans:
-                need = has_distinct and (len(plan.batch_cells) + len(plan.speed_cells)) > 1
+            for start in [*missing, *mixed]:
+                if window_ms == base and start in batch:
+                    refs[CellRef(base, start)] = False
+                    continue
+                plan = plans[start] = plan_window(start, window_ms, base, watermark, metric.windows)
+                need = has_distinct and len(plan.batch_cells) + len(plan.speed_cells) > 1
                 for ref in plan.batch_cells:
                     refs[ref] = refs.get(ref, False) or need
-            missing = {}
-            for ref, need in refs.items():
-                if ref in cached:
-                    hit = cached[ref]
-                    if not need or hit is None or hit.sketches is not None:
-                        continue
-                missing[ref] = need
-            wanted[:] = list(missing)
             return {
-                "sizes": [r.size_ms for r in missing],
-                "starts": [r.start_ms for r in missing],
-                "needs": list(missing.values()),
+                "sizes": [r.size_ms for r in refs],
+                "starts": [r.start_ms for r in refs],
+                "needs": list(refs.values()),
                 "key": list(key),
             }
 
-        served, stamp, rows = self._guarded(conn, metric, _SERIES_SQL, params_for)
+        served, stamp, rows = await self._guarded(db, metric, _SERIES_SQL, params_for)
         watermark = served.watermark
-        if watermark is None:
-            plans = _plans(starts, window_ms, base, None, metric.windows)
-        batch: dict[CellRef, Cell | None] = dict(cached) if watermark is not None else {}
-        for ref in wanted if watermark is not None else ():
-            batch[ref] = None
-        for row in rows:
-            if row[3] is None:
-                continue
-            batch[CellRef(row[3], row[4])] = Cell(
-                row[5],
-                row[6],
-                _INF if row[7] is None else row[7],
-                _NINF if row[8] is None else row[8],
-                None if row[9] is None else [bytes(b) for b in row[9]],
-                row[10],
-            )
-        if wanted and stamp is not None and watermark is not None:
-            self.cache.put(metric.name, key, stamp, batch)
-        speed_starts = sorted({s for plan in plans for s in plan.speed_cells})
-        if speed_starts:
-            status, speed_raw = self.speed.read_key(
+        if watermark is None:  # nothing served: every window comes from the speed view
+            split[0] = split_starts(starts, window_ms, None)
+            cached[0], missing[:] = {}, []
+        batch, mixed, speed_windows = split[0]
+        cells = {CellRef(row[3], row[4]): _row_cell(row[5:11]) for row in rows if row[3]}
+        fresh: dict[int, orjson.Fragment | None] = {}
+        for start in missing:
+            plan = plans.get(start)
+            refs = plan.batch_cells if plan is not None else (CellRef(base, start),)
+            values = merge_cells(metric, [c for c in map(cells.get, refs) if c is not None])
+            rendered = _render(values, start, window_ms, "batch")
+            fresh[start] = None if rendered is None else orjson.Fragment(orjson.dumps(rendered))
+        if fresh and stamp is not None:
+            self.cache.add(metric.name, window_ms, key, stamp, fresh)
+
+        speed_bases: list[int] = [s for start in mixed for s in plans[start].speed_cells]
+        if speed_windows:
+            speed_bases.extend(range(speed_windows[0], speed_windows[-1] + window_ms, base))
+        if speed_bases:
+            status, speed_raw = await self.speed.read_key(
                 metric.name,
                 self.versions[metric.name],
-                speed_starts,
+                speed_bases,
                 self._partitions[metric.name],
                 encode_key(key),
             )
         else:
-            status, speed_raw = self.speed.status(), {}
-        speed = {
-            start: [parse_state(s, has_distinct) for s in states]
-            for start, states in speed_raw.items()
-        }
+            status, speed_raw = await self.speed.status(), {}
         result = ReadResult(watermark, status)
-        result.batch_cells = sum(1 for cell in batch.values() if cell is not None)
-        result.speed_states = sum(len(v) for v in speed.values())
-        for start, plan in zip(starts, plans, strict=True):
-            parts = [c for c in (batch.get(ref) for ref in plan.batch_cells) if c is not None]
+        result.batch_cells = len(batch) - len(missing) + len(cells)
+        result.speed_states = sum(map(len, speed_raw.values()))
+        points = result.points
+        known = cached[0]
+        for start in batch:
+            stored = fresh[start] if start in fresh else known[start]
+            if stored is not None:
+                points.append(stored)
+        for start in mixed:
+            plan = plans[start]
+            parts = [c for c in map(cells.get, plan.batch_cells) if c is not None]
             for cell_start in plan.speed_cells:
-                parts.extend(speed.get(cell_start, ()))
-            values = merge_cells(metric, parts)
-            if values is None:
-                continue
-            end = start + window_ms
-            values["start"] = start
-            values["end"] = end
-            values["source"] = point_source(start, end, watermark)
-            result.points.append(values)
+                parts.extend(parse_state(s, has_distinct) for s in speed_raw.get(cell_start, ()))
+            point = _render(merge_cells(metric, parts), start, window_ms, "mixed")
+            if point is not None:
+                points.append(point)
+        for start in speed_windows:
+            states = [
+                state
+                for cell_start in range(start, start + window_ms, base)
+                for state in speed_raw.get(cell_start, ())
+            ]
+            if states:
+                merged = self.speed_points.point(metric, start, window_ms, "speed", states)
+                if merged is not None:
+                    points.append(merged)
         return result
 
-    def top(
+    async def top(
         self,
-        conn: psycopg.Connection[Any],
+        db: AsyncDb,
         metric: MetricConfig,
         window_ms: int,
         start: int,
@@ -474,7 +579,7 @@ class MergedView:
                 "sketch": sketch_index,
             }
 
-        served, _, rows = self._guarded(conn, metric, _TOP_SQL, params_for)
+        served, _, rows = await self._guarded(db, metric, _TOP_SQL, params_for)
         watermark = served.watermark
         plan = (
             plan_window(start, window_ms, base, None, metric.windows)
@@ -497,7 +602,7 @@ class MergedView:
                     None if row[9] is None else [row[9]],
                 )
             )
-        status, speed_raw = self.speed.read_all(
+        status, speed_raw = await self.speed.read_all(
             metric.name,
             self.versions[metric.name],
             list(plan.speed_cells),
@@ -521,9 +626,9 @@ class MergedView:
         result = ReadResult(watermark, status, batch_cells=batch_cells, speed_states=speed_states)
         return result, ranked
 
-    def keys(
+    async def keys(
         self,
-        conn: psycopg.Connection[Any],
+        db: AsyncDb,
         metric: MetricConfig,
         start: int,
         end: int,
@@ -532,22 +637,24 @@ class MergedView:
         """Keys with a cell in `[start, end)`: batch cells before W, speed sub-cells after."""
         base = metric.base_window
         version = self.versions[metric.name]
-        rows = conn.execute(
-            _KEYS_SQL,
-            {
-                "metric": metric.name,
-                "version": version,
-                "base": base,
-                "start": start,
-                "end": end,
-                "prefix": prefix if metric.key else None,
-            },
-        ).fetchall()
+        async with db.connection() as conn:
+            cursor = await conn.execute(
+                _KEYS_SQL,
+                {
+                    "metric": metric.name,
+                    "version": version,
+                    "base": base,
+                    "start": start,
+                    "end": end,
+                    "prefix": prefix if metric.key else None,
+                },
+            )
+            rows = await cursor.fetchall()
         watermark = rows[0][1] if rows and rows[0][2] == version else None
         found = {tuple(row[3]) for row in rows if row[3] is not None}
         first_speed = start if watermark is None else max(start, watermark)
         speed_starts = [s for s in range(_ceil(first_speed, base), end, base)]
-        status, fields = self.speed.read_fields(
+        status, fields = await self.speed.read_fields(
             metric.name, version, speed_starts, self._partitions[metric.name]
         )
         for encoded in fields:
@@ -561,22 +668,45 @@ def _ceil(value: int, size: int) -> int:
     return -(-value // size) * size
 
 
-def _plans(
-    starts: Sequence[int],
-    window_ms: int,
-    base: int,
-    watermark: int | None,
-    sizes: Sequence[int],
-) -> list[WindowPlan]:
-    if window_ms != base:
-        return [plan_window(s, window_ms, base, watermark, sizes) for s in starts]
-    plans = []
-    for start in starts:
-        if watermark is not None and start + base <= watermark:
-            plans.append(WindowPlan((CellRef(base, start),), ()))
-        else:
-            plans.append(WindowPlan((), (start,)))
-    return plans
+def split_starts(
+    starts: range, window_ms: int, watermark: int | None
+) -> tuple[range, range, range]:
+    """`starts` (stepping by `window_ms`) cut by position against W (rule 8): windows ending
+    at or before W (batch), the one straddling W (mixed; empty when W is on a boundary) and
+    windows starting at or after W (speed)."""
+    if watermark is None:
+        return starts[:0], starts[:0], starts
+    if not starts:
+        return starts, starts, starts
+    first = starts[0]
+    batch = min(len(starts), max(0, (watermark - first) // window_ms))
+    speed = min(len(starts), max(0, -(-(watermark - first) // window_ms)))
+    return starts[:batch], starts[batch:speed], starts[speed:]
+
+
+def _row_cell(columns: Sequence[Any]) -> Cell:
+    """A batch row's (count, sum, min, max, sketches, estimates) as a `Cell`."""
+    count, total, minimum, maximum, sketches, estimates = columns
+    return Cell(
+        count,
+        total,
+        _INF if minimum is None else minimum,
+        _NINF if maximum is None else maximum,
+        None if sketches is None else [bytes(b) for b in sketches],
+        estimates,
+    )
+
+
+def _render(values: dict[str, Any] | None, start: int, window_ms: int, source: str) -> Point | None:
+    if values is None:
+        return None
+    point: Point = {
+        "start": format_time(start),
+        "end": format_time(start + window_ms),
+        "source": source,
+    }
+    point.update(values)
+    return point
 
 
 def _rank_value(by: str, cells: Iterable[Cell]) -> float | int | None:

@@ -276,6 +276,10 @@ class ServingSettings(_Strict):
     max_keys_limit: int = Field(default=1000, ge=1)
     kafka_timeout_s: float = Field(default=2.0, gt=0)
     """How long `/v1/status` and `/readyz` wait for Kafka before reporting it unreachable."""
+    cache_points: int = Field(default=150_000, ge=0)
+    """Batch-side series points kept per app, valid for one served row (~500 bytes each)."""
+    speed_cache_bytes: int = Field(default=64 << 20, ge=0)
+    """Speed-side points kept per app, keyed by the exact sub-cell states they merge."""
 
 
 class StackSettings(_Strict):

@@ -73,6 +73,12 @@ def cell_key(metric: str, version: str, start_ms: int, partition: int) -> str:
     return f"lp:cell:{metric}:{version}:{start_ms}:{partition}"
 
 
+def cell_key_prefix(metric: str, version: str) -> str:
+    """`cell_key` up to `<start_ms>:<partition>`: readers that build the names inside a Lua
+    script send this once instead of one name per sub-cell."""
+    return f"lp:cell:{metric}:{version}:"
+
+
 def ids_key(topic: str, partition: int, bucket_ms: int) -> str:
     return f"lp:ids:{topic}:{partition}:{bucket_ms}"
 

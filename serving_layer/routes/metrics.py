@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from serving_layer.auth import ReaderDep
-from serving_layer.deps import DbDep, ObserverDep, SettingsDep, ViewDep
+from serving_layer.deps import AsyncDbDep, ObserverDep, SettingsDep, ViewDep
 from serving_layer.errors import bad_request
 from serving_layer.params import (
     by_of,
@@ -72,10 +72,10 @@ def list_metrics(settings: SettingsDep, view: ViewDep) -> MetricList:
     response_class=JSONResponse,
     description="Keys with data in `[start, end)`: batch cells before W, speed cells after.",
 )
-def keys(
+async def keys(
     metric_name: str,
     settings: SettingsDep,
-    db: DbDep,
+    db: AsyncDbDep,
     view: ViewDep,
     start: StartQ,
     end: Annotated[str, Query(description="exclusive end")],
@@ -95,8 +95,7 @@ def keys(
         f"narrow [start, end) to at most {settings.serving.max_cells} "
         f"{format_duration(base)} cells",
     )
-    with db.connection() as conn:
-        result, found = view.keys(conn, metric, start_ms, end_ms, prefix)
+    result, found = await view.keys(db, metric, start_ms, end_ms, prefix)
     body = {
         "metric": metric.name,
         "start": format_time(start_ms),
@@ -119,11 +118,11 @@ def keys(
         "(`?page=/home`). Empty windows are omitted."
     ),
 )
-def series(
+async def series(
     metric_name: str,
     request: Request,
     settings: SettingsDep,
-    db: DbDep,
+    db: AsyncDbDep,
     view: ViewDep,
     observer: ObserverDep,
     window: WindowQ,
@@ -140,14 +139,10 @@ def series(
         len(starts) * (window_ms // metric.base_window),
         "narrow [start, end) or use a larger window",
     )
-    with db.connection() as conn:
-        result = view.series(conn, metric, window_ms, starts, key)
+    result = await view.series(db, metric, window_ms, starts, key)
     observer.observe_merge("series", result.batch_cells, result.speed_states)
     if result.speed_status == "unavailable":
         observer.speed_unavailable.inc()
-    for point in result.points:
-        point["start"] = format_time(point["start"])
-        point["end"] = format_time(point["end"])
     body = {
         "metric": metric.name,
         "window": format_duration(window_ms),
@@ -166,10 +161,10 @@ def series(
     description="Keys ranked by `by` over the window containing `at`, largest first; ties by "
     "key ascending.",
 )
-def top(
+async def top(
     metric_name: str,
     settings: SettingsDep,
-    db: DbDep,
+    db: AsyncDbDep,
     view: ViewDep,
     observer: ObserverDep,
     window: WindowQ,
@@ -186,8 +181,7 @@ def top(
     check_cells(settings, window_ms // metric.base_window, "use a smaller window for top queries")
     start_ms = window_start(at_ms, window_ms)
     end_ms = start_ms + window_ms
-    with db.connection() as conn:
-        result, ranked = view.top(conn, metric, window_ms, start_ms, by)
+    result, ranked = await view.top(db, metric, window_ms, start_ms, by)
     observer.observe_merge("top", result.batch_cells, result.speed_states)
     if result.speed_status == "unavailable":
         observer.speed_unavailable.inc()

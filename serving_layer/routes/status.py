@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 
 from serving_layer.auth import ReaderDep
 from serving_layer.deps import DbDep, SettingsDep, ViewDep
+from serving_layer.merged_view import speed_status as read_speed_status
 from serving_layer.routes.runs import _iso, run_out
 from serving_layer.schemas import MetricWatermark, PartitionLag, StatusResponse, problems
 from serving_layer.timefmt import format_time
@@ -26,7 +27,8 @@ def status(request: Request, settings: SettingsDep, db: DbDep, view: ViewDep) ->
         row = conn.execute("SELECT published_at FROM served_view WHERE id = 1").fetchone()
         served = read_served(conn)
         runs = [run_out(r) for r in list_runs(conn, limit=5)]
-    speed_status = view.speed.status()
+    client = request.app.state.redis
+    speed_status = read_speed_status(client)
     kafka = request.app.state.kafka
     kafka_state = kafka.check()
     partitions: list[PartitionLag] = []
@@ -35,7 +37,7 @@ def status(request: Request, settings: SettingsDep, db: DbDep, view: ViewDep) ->
         fences: list[tuple[int | None, int | None]] = [(None, None)] * source.partitions
         if speed_status != "unavailable":
             try:
-                pipe = view.speed.client.pipeline(transaction=False)
+                pipe = client.pipeline(transaction=False)
                 for p in range(source.partitions):
                     pipe.hmget(fence_key(source.topic, p), ["offset", "stream_time"])
                 fences = [

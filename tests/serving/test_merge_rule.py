@@ -1,5 +1,6 @@
-"""Pure properties of the serving merge: the fast 1-window plan equals `plan_window`, and
-merging cells' plain columns and sketch bytes equals merging the aggregate states."""
+"""Pure properties of the serving merge: cutting a series at W agrees with each point's
+`source` and with `plan_window`, and merging cells' plain columns and sketch bytes equals
+merging the aggregate states."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving_layer.merged_view import Cell, _plans, merge_cells, parse_state
+from serving_layer.merged_view import Cell, merge_cells, parse_state, split_starts
 from shared.aggregates import AggState, merge_all
 from shared.config import MetricConfig
-from shared.windows import plan_window
+from shared.windows import plan_window, point_source, window_starts
 
 MINUTE = 60_000
 METRIC = MetricConfig(
@@ -24,14 +25,25 @@ METRIC = MetricConfig(
 
 
 @given(
-    st.lists(st.integers(-10_000, 10_000), min_size=1, max_size=50),
-    st.one_of(st.none(), st.integers(-10_000, 10_000)),
+    st.integers(-2_000, 2_000),
+    st.integers(0, 300),
+    st.sampled_from([MINUTE, 60 * MINUTE]),
+    st.one_of(st.none(), st.integers(-3_000, 3_000)),
 )
-def test_base_window_plan_matches_plan_window(minutes: list[int], w_minutes: int | None) -> None:
-    starts = sorted({m * MINUTE for m in minutes})
+def test_split_at_w_matches_each_points_source_and_plan(
+    first_minute: int, minutes: int, window_ms: int, w_minutes: int | None
+) -> None:
+    starts = window_starts(first_minute * MINUTE, (first_minute + minutes) * MINUTE, window_ms)
     watermark = None if w_minutes is None else w_minutes * MINUTE
-    fast = _plans(starts, MINUTE, MINUTE, watermark, METRIC.windows)
-    assert fast == [plan_window(s, MINUTE, MINUTE, watermark, METRIC.windows) for s in starts]
+    batch, mixed, speed = split_starts(starts, window_ms, watermark)
+    assert [*batch, *mixed, *speed] == list(starts)
+    assert len(mixed) <= 1
+    for part, source in ((batch, "batch"), (mixed, "mixed"), (speed, "speed")):
+        for start in part:
+            assert point_source(start, start + window_ms, watermark) == source
+            plan = plan_window(start, window_ms, MINUTE, watermark, METRIC.windows)
+            assert bool(plan.batch_cells) == (source != "speed")
+            assert bool(plan.speed_cells) == (source != "batch")
 
 
 events = st.lists(

@@ -167,3 +167,17 @@ def test_cached_batch_cells_follow_an_in_place_publication(platform: Platform) -
         after = client.get("/v1/metrics/views_total/series", params=params).json()["points"]
         assert after[0]["count"] == before[0]["count"] + 1000
         assert after[1:] == before[1:]
+
+
+def test_speed_points_follow_changed_sub_cells(platform: Platform) -> None:
+    """Speed points are cached by the exact sub-cell states they merge: new events in the
+    speed view (every sub-cell rewritten) must show in the next answer."""
+    events, watermark = _load(platform, seed=6, w_offset_min=0)
+    span = (watermark, watermark + 3 * HOUR)
+    with TestClient(create_app(platform.settings)) as client:
+        _check_series(client, platform, events, watermark, MINUTE, *span)
+        more = events + random_events(random.Random(7), *span, 400, PAGES)
+        redis.Redis.from_url(platform.settings.redis.url).flushdb()
+        for metric in platform.settings.metrics:
+            write_speed(platform.settings, metric, more, watermark, seed=8)
+        _check_series(client, platform, more, watermark, MINUTE, *span)
