@@ -386,7 +386,7 @@ _TOP_SQL = (
     _SERVED_CTE
     + """
 SELECT s.generation, s.w, s.v, c.key, c.count, c.sum, c.min, c.max,
-       CASE WHEN %(sketch)s::int > 0 THEN c.sketches[%(sketch)s] END,
+       CASE WHEN %(sketch)s::int > 0 AND %(union)s THEN c.sketches[%(sketch)s] END,
        CASE WHEN %(sketch)s::int > 0 THEN c.distinct_estimates[%(sketch)s] END, s.x
 FROM s
 LEFT JOIN unnest(%(sizes)s::bigint[], %(starts)s::bigint[]) AS p(window_ms, start_ms)
@@ -577,6 +577,8 @@ class MergedView:
                 "sizes": [r.size_ms for r in refs],
                 "starts": [r.start_ms for r in refs],
                 "sketch": sketch_index,
+                # one stored cell per key and no speed cells: its estimate is the answer
+                "union": len(refs) + len(plan_box[0].speed_cells) > 1,
             }
 
         served, _, rows = await self._guarded(db, metric, _TOP_SQL, params_for)
