@@ -58,7 +58,9 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def build_config(tag: str, partitions: int, stack: Settings, redis_db: int) -> dict[str, Any]:
+def build_config(
+    tag: str, partitions: int, stack: Settings, redis_db: int, speed: dict[str, Any]
+) -> dict[str, Any]:
     base, _, _ = stack.postgres.url.rpartition("/")
     rbase, _, _ = stack.redis.url.rpartition("/")
     return {
@@ -66,7 +68,7 @@ def build_config(tag: str, partitions: int, stack: Settings, redis_db: int) -> d
         "kafka": {"bootstrap_servers": stack.kafka.bootstrap_servers},
         "redis": {"url": f"{rbase}/{redis_db}"},
         "postgres": {"url": f"{base}/lp_bench_{tag}"},
-        "speed": {"app_id": f"bench-{tag}", "session_timeout_s": 6.0},
+        "speed": {"app_id": f"bench-{tag}", "session_timeout_s": 6.0, **speed},
     }
 
 
@@ -108,10 +110,18 @@ def fences(client: redis.Redis, topic: str, partitions: int) -> list[int]:
     return [-1 if v is None else int(v) for v in raw]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux `/proc`)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def measure_worker(
     env: dict[str, str], client: redis.Redis, topic: str, ends: dict[int, int], timeout_s: float
 ) -> tuple[float, subprocess.Popen[bytes]]:
-    """Start a worker; events/s from the first applied batch until every fence is at the end."""
+    """Start a worker; events/s from the first applied batch until every fence is at the end.
+    Also logs the worker's CPU time per event over the same span: on a busy machine it moves
+    much less than events/s does."""
     worker = subprocess.Popen(
         [sys.executable, "-m", "lambdactl", "speed"],
         env=env,
@@ -121,6 +131,7 @@ def measure_worker(
     partitions = len(ends)
     deadline = time.monotonic() + timeout_s
     first: tuple[float, int] | None = None
+    first_cpu = 0.0
     want = [end - 1 for end in ends.values()]
     while time.monotonic() < deadline:
         current = fences(client, topic, partitions)
@@ -128,9 +139,12 @@ def measure_worker(
         done = sum(f + 1 for f in current)
         if first is None and done > 0:
             first = (now, done)
+            first_cpu = cpu_seconds(worker.pid)
         if current == want:
             assert first is not None
             rate = (done - first[1]) / max(now - first[0], 1e-6)
+            used = cpu_seconds(worker.pid) - first_cpu
+            log(f"worker CPU: {used / max(done - first[1], 1) * 1e6:.1f} us/event")
             return rate, worker
         if worker.poll() is not None:
             raise RuntimeError("the worker exited; see /tmp/bench-speed-worker.log")
@@ -248,6 +262,13 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=10_000, help="freshness load, events/s")
     parser.add_argument("--redis-db", type=int, default=13)
     parser.add_argument("--skip-freshness", action="store_true")
+    parser.add_argument(
+        "--speed",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a `speed:` setting for the worker, e.g. max_poll_records=5000 (repeatable)",
+    )
     args = parser.parse_args()
     events = args.events or (300_000 if args.quick else 2_000_000)
     freshness_s = 20.0 if args.quick else 60.0
@@ -258,7 +279,10 @@ def main() -> None:
     stack = Settings()
     stack_up(stack)
     tag = uuid.uuid4().hex[:8]
-    config = build_config(tag, args.partitions, stack, args.redis_db)
+    speed: dict[str, Any] = {}
+    for item in args.speed:
+        speed.update(yaml.safe_load(item.replace("=", ": ", 1)))
+    config = build_config(tag, args.partitions, stack, args.redis_db, speed)
     settings = Settings(**config)
     with psycopg.connect(stack.postgres.url, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(f"lp_bench_{tag}")))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, NamedTuple
@@ -30,10 +31,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 _EXACT_INT_LIMIT = 2.0**63
-"""orjson reads integers beyond 64 bits as floats; such a document is re-read exactly."""
-_MAYBE_HUGE_NUMBER = re.compile(rb"[0-9]{19}|[0-9][eE]")
-"""Only a 19+ digit run or an exponent can decode to a float beyond 2**63: a cheap bytes test
-spares the per-field scan for almost every event."""
+"""orjson reads integers beyond 64 bits as floats; such a document is re-read exactly. Only a
+top-level float at or beyond 2**63 can be one (its text has 19+ digits or an exponent)."""
 
 
 def _reject_constant(name: str) -> object:
@@ -53,14 +52,13 @@ def decode_json(value: bytes) -> object:
     except orjson.JSONDecodeError:
         pass
     else:
-        if (
-            type(decoded) is not dict
-            or _MAYBE_HUGE_NUMBER.search(value) is None
-            or not any(
-                type(v) is float and not -_EXACT_INT_LIMIT < v < _EXACT_INT_LIMIT
-                for v in decoded.values()
-            )
-        ):
+        if type(decoded) is not dict:
+            return decoded
+        limit = _EXACT_INT_LIMIT
+        for v in decoded.values():
+            if type(v) is float and not -limit < v < limit:
+                break
+        else:
             return decoded
     decoded = json.loads(value.decode("utf-8"), parse_constant=_reject_constant)
     json.dumps(decoded, ensure_ascii=False).encode("utf-8")  # lone surrogates raise here
@@ -142,10 +140,29 @@ def parse_event_time(raw: object) -> int | None:
     return millis if MIN_EVENT_MS <= millis <= MAX_EVENT_MS else None
 
 
+SourceFields = tuple[dict[str, Any], int, str | None]
+"""A source-valid event as a plain tuple (fields, time_ms, event_id): `SourceEvent`'s content,
+for hot loops that cannot afford an object per event."""
+
+InputFields = tuple[tuple[str, ...], float | None, tuple[str, ...]]
+"""`MetricInput`'s content as a plain tuple (key, value, distincts)."""
+
+
 def parse_record(
     value: bytes | None, create_time_ms: int, source: SourceConfig
 ) -> SourceEvent | Malformed:
     """Source-level validity of one Kafka record of `source`."""
+    parsed = parse_fields(value, create_time_ms, source)
+    if type(parsed) is Malformed:
+        return parsed
+    fields, time_ms, event_id = parsed  # type: ignore[misc]
+    return SourceEvent(fields, time_ms, event_id)
+
+
+def parse_fields(
+    value: bytes | None, create_time_ms: int, source: SourceConfig
+) -> SourceFields | Malformed:
+    """`parse_record` without the `SourceEvent`: the one definition of source-level validity."""
     if value is None:
         return Malformed("not_json", "the record has no value")
     try:
@@ -154,59 +171,136 @@ def parse_record(
         return Malformed("not_json", f"the value is not JSON: {exc}")
     if type(fields) is not dict:
         return Malformed("not_object", "the value is JSON but not an object")
-    raw_time = fields.get(source.time_field)
-    if raw_time is None and source.time_field not in fields:
-        return Malformed("time_missing", f"the time field {source.time_field!r} is missing")
-    time_ms = parse_event_time(raw_time)
-    if time_ms is None:
-        return Malformed(
-            "time_invalid",
-            f"the time field {source.time_field!r} is neither integer epoch-ms nor RFC 3339 "
-            "with an offset",
-        )
-    if time_ms > create_time_ms + source.max_future:
+    time_field = source.time_field
+    raw_time = fields.get(time_field)
+    if type(raw_time) is int and MIN_EVENT_MS <= raw_time <= MAX_EVENT_MS:
+        time_ms: int | None = raw_time
+    elif raw_time is None and time_field not in fields:
+        return Malformed("time_missing", f"the time field {time_field!r} is missing")
+    else:
+        time_ms = parse_event_time(raw_time)
+        if time_ms is None:
+            return Malformed(
+                "time_invalid",
+                f"the time field {time_field!r} is neither integer epoch-ms nor RFC 3339 "
+                "with an offset",
+            )
+    if time_ms > create_time_ms + source.max_future:  # type: ignore[operator]
         return Malformed(
             "time_in_future",
             f"event time {time_ms} lies more than max_future after the record's CreateTime "
             f"{create_time_ms}",
         )
-    event_id = None
-    if source.id_field is not None:
-        if source.id_field not in fields:
-            return Malformed("id_missing", f"the id field {source.id_field!r} is missing")
-        event_id = canonical(fields[source.id_field])
-        if event_id is None:
-            return Malformed("id_invalid", f"the id field {source.id_field!r} must be str or int")
-    return SourceEvent(fields, time_ms, event_id)
+    id_field = source.id_field
+    if id_field is None:
+        return fields, time_ms, None  # type: ignore[return-value]
+    raw_id = fields.get(id_field)
+    if type(raw_id) is str:
+        return fields, time_ms, raw_id  # type: ignore[return-value]
+    if type(raw_id) is int:
+        return fields, time_ms, str(raw_id)  # type: ignore[return-value]
+    if id_field not in fields:
+        return Malformed("id_missing", f"the id field {id_field!r} is missing")
+    return Malformed("id_invalid", f"the id field {id_field!r} must be str or int")
 
 
 def metric_input(event: SourceEvent, metric: MetricConfig) -> MetricInput | Skipped:
     """Metric-level validity: the event's canonical key, value and distinct values."""
-    fields = event.fields
-    key = []
-    for dim in metric.key:
-        text = canonical(fields.get(dim))
-        if text is None:
-            return Skipped("key_missing" if dim not in fields else "key_invalid")
-        key.append(text)
-    value = None
-    if metric.value is not None:
-        raw = fields.get(metric.value)
-        if metric.value not in fields:
-            return Skipped("value_missing")
-        if type(raw) is int:
-            try:
-                value = float(raw)
-            except OverflowError:
-                return Skipped("value_invalid")
-        elif type(raw) is float and math.isfinite(raw):
-            value = raw
+    for contribution in metric_inputs((event.fields,), metric):
+        if type(contribution) is Skipped:
+            return contribution
+        return MetricInput(*contribution)
+    raise AssertionError("metric_inputs yields one result per event")
+
+
+_SKIPS = {
+    reason: Skipped(reason)
+    for reason in (
+        "key_missing",
+        "key_invalid",
+        "value_missing",
+        "value_invalid",
+        "distinct_missing",
+        "distinct_invalid",
+    )
+}
+
+
+def _canonical_all(
+    fields: dict[str, Any], names: tuple[str, ...], what: str
+) -> tuple[str, ...] | Skipped:
+    """The canonical texts of the fields `names`, or the first failing one's skip reason."""
+    texts = []
+    for name in names:
+        item = fields.get(name)
+        if type(item) is str:
+            texts.append(item)
+        elif type(item) is int:
+            texts.append(str(item))
         else:
-            return Skipped("value_invalid")
-    distincts = []
-    for field in metric.distinct_fields:
-        text = canonical(fields.get(field))
-        if text is None:
-            return Skipped("distinct_missing" if field not in fields else "distinct_invalid")
-        distincts.append(text)
-    return MetricInput(tuple(key), value, tuple(distincts))
+            return _SKIPS[f"{what}_missing" if name not in fields else f"{what}_invalid"]
+    return tuple(texts)
+
+
+def metric_inputs(
+    events_fields: Iterable[dict[str, Any]], metric: MetricConfig
+) -> Iterator[InputFields | Skipped]:
+    """`metric_input` over many events' fields, one result per event, as plain tuples: the one
+    definition of metric-level validity (checked in order: key dimensions, value, distinct
+    fields), shaped for hot loops: no object per event, one generator step per event."""
+    dims = metric.key
+    value_field = metric.value
+    distinct = metric.distinct_fields
+    one_dim = dims[0] if len(dims) == 1 else None
+    one_distinct = distinct[0] if len(distinct) == 1 else None
+    isfinite = math.isfinite
+    value: float | None = None
+    for fields in events_fields:
+        if one_dim is not None:
+            item = fields.get(one_dim)
+            if type(item) is str:
+                key: tuple[str, ...] | Skipped = (item,)
+            elif type(item) is int:
+                key = (str(item),)
+            else:
+                yield _SKIPS["key_missing" if one_dim not in fields else "key_invalid"]
+                continue
+        elif not dims:
+            key = ()
+        else:
+            key = _canonical_all(fields, dims, "key")
+            if type(key) is Skipped:
+                yield key
+                continue
+        if value_field is not None:
+            raw_value = fields.get(value_field)
+            if type(raw_value) is float and isfinite(raw_value):
+                value = raw_value
+            elif type(raw_value) is int:
+                try:
+                    value = float(raw_value)
+                except OverflowError:
+                    yield _SKIPS["value_invalid"]
+                    continue
+            else:
+                yield _SKIPS["value_missing" if value_field not in fields else "value_invalid"]
+                continue
+        if one_distinct is not None:
+            item = fields.get(one_distinct)
+            if type(item) is str:
+                distincts: tuple[str, ...] | Skipped = (item,)
+            elif type(item) is int:
+                distincts = (str(item),)
+            else:
+                yield _SKIPS[
+                    "distinct_missing" if one_distinct not in fields else "distinct_invalid"
+                ]
+                continue
+        elif not distinct:
+            distincts = ()
+        else:
+            distincts = _canonical_all(fields, distinct, "distinct")
+            if type(distincts) is Skipped:
+                yield distincts
+                continue
+        yield key, value, distincts

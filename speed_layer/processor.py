@@ -1,12 +1,16 @@
 """One source's batch of records of one partition: parse → de-dup → lateness → pre-aggregate →
 merge with the stored sub-cells → one fenced Lua apply (rule 3). The semantics are `shared`'s
-(`parse_record`, `metric_input`, `window_start`, rule 2 as in `shared.lateness.is_late`);
-this module only makes them cheap per event.
+(`parse_fields` = `parse_record`, `metric_inputs` = `metric_input`, `window_start`, rule 2 as
+in `shared.lateness.is_late`); this module only makes them cheap per event.
 
-Hot path: each event is parsed once, then folded per (metric, base cell, key) into a plain
-list `[count, sum, min, max, set(distinct values)...]`; DataSketches HLL sketches are built
-only once per touched (cell, key) per batch, from the de-duplicated distinct values, and
-merged with the stored state (one HMGET per touched sub-cell, one round trip).
+Hot path (profiled with py-spy; the worker is CPU-bound, so Python work per event is what
+decides its speed): one loop in offset order parses each record and keeps plain tuples (no
+object per event), the stream time as of each event and the batch's de-dup markers; one
+SMISMEMBER round trip finds the ids earlier batches recorded; then one loop per metric over
+the surviving events (validity, lateness, grouping per (base cell, key) as lists of input
+tuples). Aggregates are built once per group with C-level `sum`/`min`/`max`, DataSketches
+HLL sketches from the group's distinct values, and merged with the stored state (one HMGET
+per touched sub-cell, one round trip).
 """
 
 from __future__ import annotations
@@ -17,11 +21,18 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, NamedTuple, Protocol
 
 from shared.aggregates import AggState, new_sketch
 from shared.config import MetricConfig, Settings, SourceConfig
-from shared.events import Malformed, Skipped, SourceEvent, metric_input, parse_record
+from shared.events import (
+    InputFields,
+    Malformed,
+    Skipped,
+    metric_inputs,
+    parse_fields,
+)
 from shared.speed_store import (
     APPLIED,
     FENCE_MOVED,
@@ -87,8 +98,8 @@ Publish = Callable[[str, int, Sequence[Rejected], Sequence[Rejected]], None]
 """Sends a batch's dead letters and late events to Kafka (and waits) before the batch is
 applied, so a crash after the apply never loses them; replays re-send the same keys."""
 
-_Slot = tuple[int, int, tuple[str, ...]]
-"""(metric index, base cell start, canonical key)."""
+_NO_TIME = -(2**63)
+"""The stream time of a partition that has read no source-valid record yet."""
 
 
 class SourceProcessor:
@@ -165,95 +176,109 @@ class SourceProcessor:
         records: Sequence[KafkaRecord],
         watermarks: Mapping[str, int | None],
     ) -> tuple[BatchOutcome, ApplyBatch]:
-        """Rules 2 and 4 per event in offset order; returns the outcome and what to write."""
+        """Rules 2 and 4 per event in offset order; returns the outcome and what to write.
+
+        Two kinds of tight loops. First, in offset order, what does not depend on the metric:
+        parse, dead letters, the stream time as of each event, de-duplication within the
+        batch (then against Redis, one round trip for the whole batch). Then per metric, over
+        the surviving events: metric-level validity, lateness against the stream time as of
+        the event, and grouping per (cell, key); states are built once per group."""
         source = self.source
         topic = source.topic
         bucket_ms = self.id_bucket_ms
-        parsed: list[SourceEvent | Malformed] = [
-            parse_record(r.value, r.timestamp, source) for r in records
-        ]
-        known = self._known_ids(partition, parsed)
-        metrics = [
-            (i, m.config, m.base, m.grace, watermarks.get(m.config.name), m.n_distinct)
-            for i, m in enumerate(self.metrics)
-        ]
-        stream_time = fence.stream_time
-        if stream_time is None:
-            stream_time = -(2**63)
         outcome = BatchOutcome(APPLIED, fence, records=len(records))
-        dead_letters, late_records = outcome.dead_letters, outcome.late
-        late_by_metric, skipped = outcome.late_by_metric, outcome.skipped
-        new_ids: dict[int, list[str]] = defaultdict(list)
+        dead_letters = outcome.dead_letters
+        stream_time = _NO_TIME if fence.stream_time is None else fence.stream_time
         seen: set[tuple[int, str]] = set()
-        partials: dict[_Slot, list[Any]] = {}
+        new_ids: dict[int, list[str]] = defaultdict(list)
+        live_fields: list[dict[str, Any]] = []
+        live: list[tuple[int, int, int, tuple[int, str] | None]] = []
+        """Per surviving event: (index in the batch, event time, stream time as of the event,
+        its de-dup marker (bucket, id) or None)."""
         duplicates = 0
-        inf, ninf = math.inf, -math.inf
-        for record, event in zip(records, parsed, strict=True):
+        for index, record in enumerate(records):
+            event = parse_fields(record.value, record.timestamp, source)
             if type(event) is Malformed:
                 dead_letters.append(Rejected(record.offset, record.value, event.reason))
                 continue
-            assert type(event) is SourceEvent
-            time_ms = event.time_ms
+            fields, time_ms, event_id = event  # type: ignore[misc]
             if time_ms > stream_time:
                 stream_time = time_ms
-            event_id = event.event_id
+            marker = None
             if event_id is not None:
                 bucket = time_ms - time_ms % bucket_ms
                 marker = (bucket, event_id)
-                if marker in seen or marker in known:
+                if marker in seen:
                     duplicates += 1
                     continue
                 seen.add(marker)
                 new_ids[bucket].append(event_id)
-            late_for: list[str] | None = None
-            for index, metric, base, grace, watermark, n_distinct in metrics:
-                contribution = metric_input(event, metric)
+            live_fields.append(fields)
+            live.append((index, time_ms, stream_time, marker))
+        known = self._known_ids(partition, new_ids)
+        if known:
+            kept = [i for i, item in enumerate(live) if item[3] not in known]
+            duplicates += len(live) - len(kept)
+            live = [live[i] for i in kept]
+            live_fields = [live_fields[i] for i in kept]
+            for bucket, members in list(new_ids.items()):
+                new_ids[bucket] = [m for m in members if (bucket, m) not in known]
+        outcome.duplicates = duplicates
+
+        late_for: dict[int, list[str]] = {}
+        groups: list[dict[tuple[int, tuple[str, ...]], list[InputFields]]] = []
+        for metric in self.metrics:
+            name = metric.config.name
+            base = metric.base
+            closed_after_grace = base + metric.grace
+            watermark = watermarks.get(name)
+            served_until = _NO_TIME if watermark is None else watermark - base
+            cells: defaultdict[tuple[int, tuple[str, ...]], list[InputFields]] = defaultdict(list)
+            groups.append(cells)
+            skipped: Counter[str] = Counter()
+            late = 0
+            for (index, time_ms, as_of, _), contribution in zip(
+                live, metric_inputs(live_fields, metric.config), strict=True
+            ):
                 if type(contribution) is Skipped:
-                    skipped[(metric.name, contribution.reason)] += 1
+                    skipped[contribution.reason] += 1
                     continue
                 start = time_ms - time_ms % base
-                end = start + base
-                if end + grace <= stream_time or (watermark is not None and end <= watermark):
-                    if late_for is None:
-                        late_for = []
-                    late_for.append(metric.name)
-                    late_by_metric[metric.name] += 1
+                if start <= as_of - closed_after_grace or start <= served_until:
+                    late += 1
+                    names = late_for.get(index)
+                    if names is None:
+                        late_for[index] = [name]
+                    else:
+                        names.append(name)
                     continue
-                key, value, distincts = contribution  # type: ignore[misc]
-                slot = (index, start, key)
-                acc = partials.get(slot)
-                if acc is None:
-                    acc = partials[slot] = [0, 0.0, inf, ninf, *(set() for _ in range(n_distinct))]
-                acc[0] += 1
-                if value is not None:
-                    acc[1] += value
-                    if value < acc[2]:
-                        acc[2] = value
-                    if value > acc[3]:
-                        acc[3] = value
-                for position, item in enumerate(distincts, 4):
-                    acc[position].add(item)
-            if late_for is not None:
-                late_records.append(Rejected(record.offset, record.value, ",".join(late_for)))
-        outcome.duplicates = duplicates
-        new_stream_time = None if stream_time == -(2**63) else stream_time
+                cells[(start, contribution[0])].append(contribution)  # type: ignore[index,arg-type]
+            if late:
+                outcome.late_by_metric[name] += late
+            for reason, n in skipped.items():
+                outcome.skipped[(name, reason)] += n
+        for index in sorted(late_for):
+            record = records[index]
+            outcome.late.append(Rejected(record.offset, record.value, ",".join(late_for[index])))
+
+        new_stream_time = None if stream_time == _NO_TIME else stream_time
         outcome.fence = Fence(records[-1].offset, new_stream_time, self.defs)
-        ids = {ids_key(topic, partition, bucket): members for bucket, members in new_ids.items()}
-        return outcome, ApplyBatch(self._merged_cells(partition, partials), ids)
+        ids = {
+            ids_key(topic, partition, bucket): members
+            for bucket, members in new_ids.items()
+            if members
+        }
+        return outcome, ApplyBatch(self._merged_cells(partition, groups), ids)
 
     def _known_ids(
-        self, partition: int, parsed: Sequence[SourceEvent | Malformed]
+        self, partition: int, ids_by_bucket: Mapping[int, Sequence[str]]
     ) -> set[tuple[int, str]]:
-        """Ids of this batch that earlier batches recorded (one round trip, SMISMEMBER)."""
-        bucket_ms = self.id_bucket_ms
-        by_bucket: dict[int, set[str]] = defaultdict(set)
-        for event in parsed:
-            if type(event) is SourceEvent and event.event_id is not None:
-                by_bucket[event.time_ms - event.time_ms % bucket_ms].add(event.event_id)
-        if not by_bucket:
+        """(bucket, id) of this batch's ids that earlier batches recorded (one round trip,
+        SMISMEMBER per bucket)."""
+        if not ids_by_bucket:
             return set()
         topic = self.source.topic
-        requests = {ids_key(topic, partition, b): (b, sorted(ids)) for b, ids in by_bucket.items()}
+        requests = {ids_key(topic, partition, b): (b, ids) for b, ids in ids_by_bucket.items()}
         answers = self._store.known_ids({k: v[1] for k, v in requests.items()})
         known: set[tuple[int, str]] = set()
         for key, (bucket, members) in requests.items():
@@ -263,30 +288,49 @@ class SourceProcessor:
         return known
 
     def _merged_cells(
-        self, partition: int, partials: Mapping[_Slot, list[Any]]
+        self,
+        partition: int,
+        groups: Sequence[Mapping[tuple[int, tuple[str, ...]], Sequence[InputFields]]],
     ) -> dict[str, dict[bytes, bytes]]:
-        """Build each touched (cell, key) state once and merge it into the stored one."""
-        wanted: dict[str, list[tuple[bytes, _Slot]]] = defaultdict(list)
-        for slot in partials:
-            index, start, key = slot
+        """Build each touched (cell, key) state once, from its group of inputs, and merge it
+        into the stored one (one HMGET per touched sub-cell, all in one round trip)."""
+        wanted: dict[str, list[tuple[bytes, int, tuple[int, tuple[str, ...]]]]] = defaultdict(list)
+        for index, cells in enumerate(groups):
             metric = self.metrics[index]
-            name = cell_key(metric.config.name, metric.version, start, partition)
-            wanted[name].append((encode_key(key), slot))
-        stored = self._store.read_fields({name: [f for f, _ in fs] for name, fs in wanted.items()})
-        cells: dict[str, dict[bytes, bytes]] = {}
+            name, version = metric.config.name, metric.version
+            for slot in cells:
+                start, key = slot
+                wanted[cell_key(name, version, start, partition)].append(
+                    (encode_key(key), index, slot)
+                )
+        stored = self._store.read_fields(
+            {name: [f for f, _, _ in fs] for name, fs in wanted.items()}
+        )
+        values_of = itemgetter(1)
+        distincts_of = itemgetter(2)
+        inf, ninf = math.inf, -math.inf
+        out: dict[str, dict[bytes, bytes]] = {}
         for name, fields in wanted.items():
-            out: dict[bytes, bytes] = {}
-            for (encoded, slot), previous in zip(fields, stored[name], strict=True):
-                acc = partials[slot]
+            cell: dict[bytes, bytes] = {}
+            for (encoded, index, slot), previous in zip(fields, stored[name], strict=True):
+                group = groups[index][slot]
+                metric = self.metrics[index]
+                if metric.config.value is None:
+                    total, minimum, maximum = 0.0, inf, ninf
+                else:
+                    values = list(map(values_of, group))
+                    total, minimum, maximum = sum(values, 0.0), min(values), max(values)
                 sketches = []
-                for values in acc[4:]:
-                    sketch = new_sketch()
-                    for item in values:
-                        sketch.update(item)
-                    sketches.append(sketch)
-                state = AggState(acc[0], acc[1], acc[2], acc[3], sketches)
+                if metric.n_distinct:
+                    columns = zip(*map(distincts_of, group), strict=True)
+                    for items in columns:
+                        sketch = new_sketch()
+                        for item in set(items):
+                            sketch.update(item)
+                        sketches.append(sketch)
+                state = AggState(len(group), total, minimum, maximum, sketches)
                 if previous is not None:
                     state = AggState.from_bytes(previous).merge(state)
-                out[encoded] = state.to_bytes()
-            cells[name] = out
-        return cells
+                cell[encoded] = state.to_bytes()
+            out[name] = cell
+        return out

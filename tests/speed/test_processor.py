@@ -1,0 +1,207 @@
+"""`SourceProcessor` without services: its fast per-batch path against the brute-force oracle,
+for any batch split (rules 2 and 4 decided per event in offset order, whatever the batch).
+
+An in-memory store stands in for Redis with the same contract as `SpeedStore` (fenced apply,
+de-dup id sets, cell hashes), so every split of the records, down to one record a batch,
+exercises de-duplication against ids applied by earlier batches and merges with stored
+states."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+import pytest
+
+from lambdactl.generator import GeneratorSpec, generate
+from shared.aggregates import AggState, merge_all
+from shared.config import Settings
+from shared.speed_store import APPLIED, FENCE_MOVED, ApplyBatch, Fence, decode_key
+from shared.windows import window_start
+from speed_layer.processor import RawRecord, SourceProcessor
+from tests import oracle
+from tests.conftest import platform_config
+
+MINUTE = 60_000
+T0 = 1_704_067_200_000
+
+
+class MemoryStore:
+    """The parts of `SpeedStore` the processor uses, in memory."""
+
+    def __init__(self) -> None:
+        self.cells: dict[str, dict[bytes, bytes]] = defaultdict(dict)
+        self.ids: dict[str, set[str]] = defaultdict(set)
+        self.fences: dict[int, Fence] = {}
+
+    def read_fence(self, topic: str, partition: int) -> Fence:
+        return self.fences.get(partition, Fence(None, None))
+
+    def known_ids(self, requests: Mapping[str, Sequence[str]]) -> dict[str, list[bool]]:
+        return {
+            key: [m in self.ids.get(key, ()) for m in members] for key, members in requests.items()
+        }
+
+    def read_fields(self, requests: Mapping[str, Sequence[bytes]]) -> dict[str, list[bytes | None]]:
+        return {
+            key: [self.cells.get(key, {}).get(f) for f in fields]
+            for key, fields in requests.items()
+        }
+
+    def apply(
+        self,
+        epoch: str,
+        topic: str,
+        partition: int,
+        expected: Fence,
+        new_fence: Fence,
+        batch: ApplyBatch,
+    ) -> int:
+        if self.read_fence(topic, partition).offset != expected.offset:
+            return FENCE_MOVED
+        for key, fields in batch.cells.items():
+            self.cells[key].update(fields)
+        for key, members in batch.ids.items():
+            self.ids[key].update(members)
+        self.fences[partition] = new_fence
+        return APPLIED
+
+
+def _config() -> dict[str, Any]:
+    config = platform_config("proc", partitions=1)
+    config["metrics"].append(
+        {
+            "name": "by_page_country",
+            "source": "pageviews",
+            "key": ["page", "country"],
+            "value": "latency_ms",
+            "aggregations": ["count", "sum", "min", "max", "distinct(user_id)", "distinct(page)"],
+            "windows": ["5m"],
+            "grace": "30s",
+        }
+    )
+    return config
+
+
+def _values() -> list[bytes]:
+    """Sample events (late, out of order, duplicated, malformed) and metric-level edge cases."""
+    spec = GeneratorSpec(T0, T0 + 40 * MINUTE, 3_000, malformed_fraction=0.03, seed=11)
+    values = [record.value for record in generate(spec)]
+    t = T0 + 20 * MINUTE
+    edge = [
+        {"ts": t, "event_id": "e1", "page": 7, "country": "nl", "user_id": 42, "latency_ms": 3},
+        {"ts": t, "event_id": 8, "page": "7", "country": "nl", "user_id": "42", "latency_ms": 1.5},
+        {"ts": t, "event_id": "e3", "page": "/x", "user_id": "u", "latency_ms": True},
+        {"ts": t, "event_id": "e4", "page": None, "country": "be", "user_id": "u"},
+        {"ts": t, "event_id": "e5", "country": "be", "user_id": "u", "latency_ms": 2},
+        {"ts": t, "event_id": "e6", "page": "/y", "country": "be", "latency_ms": 2},
+        {"ts": t, "event_id": "e7", "page": "/y", "country": ["x"], "user_id": 1, "latency_ms": 2},
+        {
+            "ts": t,
+            "event_id": "e8",
+            "page": "/z",
+            "country": "de",
+            "user_id": "v",
+            "latency_ms": 1e20,
+        },
+        {"ts": "2024-01-01T00:20:00.5+01:00", "event_id": "e9", "page": "/z", "user_id": "v"},
+        {"ts": t, "event_id": "e1", "page": "/dup", "user_id": "dup", "latency_ms": 9},
+    ]
+    values[1_000:1_000] = [orjson.dumps(e) for e in edge]
+    values.insert(1_500, b'{"ts": %d, "event_id": "e10", "page": "p", "latency_ms": 1e999}' % t)
+    values.insert(1_600, b'{"ts": %d, "event_id": "e11", "page": 100000000000000000000}' % t)
+    return values
+
+
+def _cells(settings: Settings, store: MemoryStore) -> dict[oracle.Cell, dict[str, Any]]:
+    """The store's sub-cells rolled up to every window, in the oracle's shape."""
+    cells: dict[oracle.Cell, dict[str, Any]] = {}
+    for metric in settings.metrics:
+        prefix = f"lp:cell:{metric.name}:{settings.metric_version(metric)}:"
+        states: dict[tuple[int, int, tuple[str, ...]], list[AggState]] = defaultdict(list)
+        for name, fields in store.cells.items():
+            if not name.startswith(prefix):
+                continue
+            start = int(name[len(prefix) :].split(":")[0])
+            for encoded, blob in fields.items():
+                for size in metric.windows:
+                    key = (size, window_start(start, size), decode_key(encoded))
+                    states[key].append(AggState.from_bytes(blob))
+        for (size, start, key), parts in states.items():
+            merged = merge_all(parts)
+            assert merged is not None
+            cells[(metric.name, size, start, key)] = merged.outputs(metric)
+    return cells
+
+
+@pytest.mark.parametrize("batch_size", [1, 7, 500, 5_000])
+@pytest.mark.parametrize("watermark", [None, T0 + 10 * MINUTE], ids=["no-W", "W"])
+def test_any_batch_split_matches_the_oracle(batch_size: int, watermark: int | None) -> None:
+    config = _config()
+    settings = Settings(**config)
+    source = settings.sources[0]
+    create_time = T0 + 60 * MINUTE
+    records = [RawRecord(i, create_time, v) for i, v in enumerate(_values())]
+    watermarks = {m.name: watermark for m in settings.metrics}
+
+    store = MemoryStore()
+    processor = SourceProcessor(settings, source, store, lambda *_: None)  # type: ignore[arg-type]
+    dead: Counter[str] = Counter()
+    late: Counter[str] = Counter()
+    skipped: Counter[str] = Counter()
+    duplicates = 0
+    late_offsets: list[int] = []
+    for i in range(0, len(records), batch_size):
+        outcome = processor.process("epoch", 0, records[i : i + batch_size], watermarks)
+        assert outcome.status == APPLIED
+        dead.update(item.why for item in outcome.dead_letters)
+        late.update(outcome.late_by_metric)
+        for (name, _reason), n in outcome.skipped.items():
+            skipped[name] += n
+        duplicates += outcome.duplicates
+        late_offsets += [item.offset for item in outcome.late]
+        for item in outcome.late:
+            assert set(item.why.split(",")) <= set(watermarks)
+    assert store.fences[0].offset == len(records) - 1
+    assert late_offsets == sorted(late_offsets)
+
+    expected = oracle.compute(
+        config,
+        [oracle.Record(source.topic, 0, r.offset, r.timestamp, r.value) for r in records],
+        late_rule=True,
+        watermarks={k: v for k, v in watermarks.items() if v is not None},
+    )
+    assert oracle.compare(expected.cells, _cells(settings, store)) == []
+    assert sum(dead.values()) == sum(expected.malformed.values())
+    assert duplicates == expected.duplicates
+    assert {k: v for k, v in late.items() if v} == {k: v for k, v in expected.late.items() if v}
+    assert {k: v for k, v in skipped.items() if v} == {
+        k: v for k, v in expected.skipped.items() if v
+    }
+    assert stream_time(store) == expected.stream_time[(source.topic, 0)]
+
+
+def stream_time(store: MemoryStore) -> int | None:
+    return store.fences[0].stream_time
+
+
+def test_a_fence_moved_by_another_worker_discards_the_batch() -> None:
+    settings = Settings(**_config())
+    store = MemoryStore()
+    processor = SourceProcessor(
+        settings,
+        settings.sources[0],
+        store,
+        lambda *_: None,  # type: ignore[arg-type]
+    )
+    values = _values()[:100]
+    first = [RawRecord(i, T0 + 60 * MINUTE, v) for i, v in enumerate(values[:50])]
+    assert processor.process("epoch", 0, first, {}).status == APPLIED
+    store.fences[0] = Fence(70, None)  # another worker applied up to 70
+    cells_before = {k: dict(v) for k, v in store.cells.items()}
+    rest = [RawRecord(i, T0 + 60 * MINUTE, v) for i, v in enumerate(values[50:], 50)]
+    assert processor.process("epoch", 0, rest, {}).status == FENCE_MOVED
+    assert store.cells == cells_before
+    assert processor.known_fence(0) is None
