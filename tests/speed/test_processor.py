@@ -1,72 +1,50 @@
-"""`SourceProcessor` without services: its fast per-batch path against the brute-force oracle,
-for any batch split (rules 2 and 4 decided per event in offset order, whatever the batch).
+"""`SourceProcessor` without Kafka: its per-batch path against the brute-force oracle, for
+any batch split (rules 2 and 4 decided per event in offset order, whatever the batch).
 
-An in-memory store stands in for Redis with the same contract as `SpeedStore` (fenced apply,
-de-dup id sets, cell hashes), so every split of the records, down to one record a batch,
+The records go straight to the processor, which applies them through the real `SpeedStore`
+on the test Redis database, so every split of the records, down to one record a batch,
 exercises de-duplication against ids applied by earlier batches and merges with stored
 states."""
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
 import pytest
+import redis
 
 from lambdactl.generator import GeneratorSpec, generate
 from shared.aggregates import AggState, merge_all
 from shared.config import Settings
-from shared.speed_store import APPLIED, FENCE_MOVED, ApplyBatch, Fence, decode_key
+from shared.speed_store import (
+    APPLIED,
+    EPOCH_KEY,
+    FENCE_MOVED,
+    SpeedStore,
+    decode_key,
+    fence_key,
+)
 from shared.windows import window_start
 from speed_layer.processor import RawRecord, SourceProcessor
 from tests import oracle
-from tests.conftest import platform_config
+from tests.conftest import TEST_REDIS_DB, platform_config
 
 MINUTE = 60_000
 T0 = 1_704_067_200_000
 
 
-class MemoryStore:
-    """The parts of `SpeedStore` the processor uses, in memory."""
+pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
 
-    def __init__(self) -> None:
-        self.cells: dict[str, dict[bytes, bytes]] = defaultdict(dict)
-        self.ids: dict[str, set[str]] = defaultdict(set)
-        self.fences: dict[int, Fence] = {}
 
-    def read_fence(self, topic: str, partition: int) -> Fence:
-        return self.fences.get(partition, Fence(None, None))
-
-    def known_ids(self, requests: Mapping[str, Sequence[str]]) -> dict[str, list[bool]]:
-        return {
-            key: [m in self.ids.get(key, ()) for m in members] for key, members in requests.items()
-        }
-
-    def read_fields(self, requests: Mapping[str, Sequence[bytes]]) -> dict[str, list[bytes | None]]:
-        return {
-            key: [self.cells.get(key, {}).get(f) for f in fields]
-            for key, fields in requests.items()
-        }
-
-    def apply(
-        self,
-        epoch: str,
-        topic: str,
-        partition: int,
-        expected: Fence,
-        new_fence: Fence,
-        batch: ApplyBatch,
-    ) -> int:
-        if self.read_fence(topic, partition).offset != expected.offset:
-            return FENCE_MOVED
-        for key, fields in batch.cells.items():
-            self.cells[key].update(fields)
-        for key, members in batch.ids.items():
-            self.ids[key].update(members)
-        self.fences[partition] = new_fence
-        return APPLIED
+@pytest.fixture
+def client(stack: Settings) -> redis.Redis:
+    """The flushed test Redis database, with the epoch marker the processor applies under."""
+    client = redis.Redis.from_url(stack.redis.url.rpartition("/")[0] + f"/{TEST_REDIS_DB}")
+    client.flushdb()
+    client.set(EPOCH_KEY, "epoch")
+    return client
 
 
 def _config() -> dict[str, Any]:
@@ -115,13 +93,18 @@ def _values() -> list[bytes]:
     return values
 
 
-def _cells(settings: Settings, store: MemoryStore) -> dict[oracle.Cell, dict[str, Any]]:
+def _stored_cells(client: redis.Redis) -> dict[str, dict[bytes, bytes]]:
+    return {name.decode(): client.hgetall(name) for name in client.scan_iter("lp:cell:*")}
+
+
+def _cells(settings: Settings, client: redis.Redis) -> dict[oracle.Cell, dict[str, Any]]:
     """The store's sub-cells rolled up to every window, in the oracle's shape."""
     cells: dict[oracle.Cell, dict[str, Any]] = {}
+    stored = _stored_cells(client)
     for metric in settings.metrics:
         prefix = f"lp:cell:{metric.name}:{settings.metric_version(metric)}:"
         states: dict[tuple[int, int, tuple[str, ...]], list[AggState]] = defaultdict(list)
-        for name, fields in store.cells.items():
+        for name, fields in stored.items():
             if not name.startswith(prefix):
                 continue
             start = int(name[len(prefix) :].split(":")[0])
@@ -138,7 +121,9 @@ def _cells(settings: Settings, store: MemoryStore) -> dict[oracle.Cell, dict[str
 
 @pytest.mark.parametrize("batch_size", [1, 7, 500, 5_000])
 @pytest.mark.parametrize("watermark", [None, T0 + 10 * MINUTE], ids=["no-W", "W"])
-def test_any_batch_split_matches_the_oracle(batch_size: int, watermark: int | None) -> None:
+def test_any_batch_split_matches_the_oracle(
+    client: redis.Redis, batch_size: int, watermark: int | None
+) -> None:
     config = _config()
     settings = Settings(**config)
     source = settings.sources[0]
@@ -146,7 +131,7 @@ def test_any_batch_split_matches_the_oracle(batch_size: int, watermark: int | No
     records = [RawRecord(i, create_time, v) for i, v in enumerate(_values())]
     watermarks = {m.name: watermark for m in settings.metrics}
 
-    store = MemoryStore()
+    store = SpeedStore(client, 86_400)
     processor = SourceProcessor(settings, source, store, lambda *_: None)  # type: ignore[arg-type]
     dead: Counter[str] = Counter()
     late: Counter[str] = Counter()
@@ -164,7 +149,7 @@ def test_any_batch_split_matches_the_oracle(batch_size: int, watermark: int | No
         late_offsets += [item.offset for item in outcome.late]
         for item in outcome.late:
             assert set(item.why.split(",")) <= set(watermarks)
-    assert store.fences[0].offset == len(records) - 1
+    assert store.read_fence(source.topic, 0).offset == len(records) - 1
     assert late_offsets == sorted(late_offsets)
 
     expected = oracle.compute(
@@ -173,23 +158,19 @@ def test_any_batch_split_matches_the_oracle(batch_size: int, watermark: int | No
         late_rule=True,
         watermarks={k: v for k, v in watermarks.items() if v is not None},
     )
-    assert oracle.compare(expected.cells, _cells(settings, store)) == []
+    assert oracle.compare(expected.cells, _cells(settings, client)) == []
     assert sum(dead.values()) == sum(expected.malformed.values())
     assert duplicates == expected.duplicates
     assert {k: v for k, v in late.items() if v} == {k: v for k, v in expected.late.items() if v}
     assert {k: v for k, v in skipped.items() if v} == {
         k: v for k, v in expected.skipped.items() if v
     }
-    assert stream_time(store) == expected.stream_time[(source.topic, 0)]
+    assert store.read_fence(source.topic, 0).stream_time == expected.stream_time[(source.topic, 0)]
 
 
-def stream_time(store: MemoryStore) -> int | None:
-    return store.fences[0].stream_time
-
-
-def test_a_fence_moved_by_another_worker_discards_the_batch() -> None:
+def test_a_fence_moved_by_another_worker_discards_the_batch(client: redis.Redis) -> None:
     settings = Settings(**_config())
-    store = MemoryStore()
+    store = SpeedStore(client, 86_400)
     processor = SourceProcessor(
         settings,
         settings.sources[0],
@@ -199,9 +180,9 @@ def test_a_fence_moved_by_another_worker_discards_the_batch() -> None:
     values = _values()[:100]
     first = [RawRecord(i, T0 + 60 * MINUTE, v) for i, v in enumerate(values[:50])]
     assert processor.process("epoch", 0, first, {}).status == APPLIED
-    store.fences[0] = Fence(70, None)  # another worker applied up to 70
-    cells_before = {k: dict(v) for k, v in store.cells.items()}
+    client.hset(fence_key(settings.sources[0].topic, 0), "offset", 70)  # another worker
+    cells_before = _stored_cells(client)
     rest = [RawRecord(i, T0 + 60 * MINUTE, v) for i, v in enumerate(values[50:], 50)]
     assert processor.process("epoch", 0, rest, {}).status == FENCE_MOVED
-    assert store.cells == cells_before
+    assert _stored_cells(client) == cells_before
     assert processor.known_fence(0) is None
