@@ -13,7 +13,7 @@ import struct
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -263,56 +263,40 @@ RenderedPoint = Point | orjson.Fragment
 """A point, or one already serialized (cached batch points: orjson copies their bytes)."""
 
 
-class BatchPointCache:
-    """Rendered batch-side points per (metric, window, key), valid for one stamp of the served
-    row only: cells of the served generation change only in a transaction that also rewrites
-    that row (rule 6), so an entry is never used once the row has changed — it cannot serve a
-    stale answer. `None` marks a window known to be empty. Points are shared between answers
-    and never mutated."""
+class StampedCache:
+    """Batch-side answers valid for one stamp of the served row only: cells of the served
+    generation change only in a transaction that also rewrites that row (rule 6), so an entry
+    is never used once the row has changed — it cannot serve a stale answer. Least recently
+    used entries go first once their total weight exceeds `max_weight`. Values are shared
+    between answers and never mutated."""
 
-    def __init__(self, max_points: int) -> None:
+    def __init__(self, max_weight: int) -> None:
         self._lock = threading.Lock()
-        self._entries: OrderedDict[
-            tuple[str, int, tuple[str, ...]], tuple[str, dict[int, orjson.Fragment | None]]
-        ] = OrderedDict()
-        self._points = 0
-        self._max = max_points
+        self._entries: OrderedDict[Hashable, tuple[str, Any, int]] = OrderedDict()
+        self._weight = 0
+        self._max = max_weight
 
-    def get(
-        self, metric: str, window_ms: int, key: tuple[str, ...], stamp: str | None
-    ) -> dict[int, orjson.Fragment | None]:
+    def get(self, name: Hashable, stamp: str | None) -> Any:
+        """The value stored under `name` for `stamp`, or None."""
         with self._lock:
-            entry = self._entries.get((metric, window_ms, key))
+            entry = self._entries.get(name)
             if entry is None or entry[0] != stamp:
-                return {}
-            self._entries.move_to_end((metric, window_ms, key))
+                return None
+            self._entries.move_to_end(name)
             return entry[1]
 
-    def add(
-        self,
-        metric: str,
-        window_ms: int,
-        key: tuple[str, ...],
-        stamp: str,
-        points: dict[int, orjson.Fragment | None],
-    ) -> None:
-        """Extend the entry of `stamp` with `points` (replacing one of an older stamp)."""
-        name = (metric, window_ms, key)
+    def put(self, name: Hashable, stamp: str, value: Any, weight: int) -> None:
         with self._lock:
             old = self._entries.pop(name, None)
-            merged: dict[int, orjson.Fragment | None] = {}
             if old is not None:
-                self._points -= len(old[1])
-                if old[0] == stamp:
-                    merged = dict(old[1])  # readers may hold the old dict
-            merged.update(points)
-            if len(merged) > self._max:
+                self._weight -= old[2]
+            if weight > self._max:
                 return
-            self._entries[name] = (stamp, merged)
-            self._points += len(merged)
-            while self._points > self._max:
-                _, (_, evicted) = self._entries.popitem(last=False)
-                self._points -= len(evicted)
+            self._entries[name] = (stamp, value, weight)
+            self._weight += weight
+            while self._weight > self._max:
+                _, (_, _, evicted) = self._entries.popitem(last=False)
+                self._weight -= evicted
 
 
 class SpeedPointCache:
@@ -420,7 +404,10 @@ class MergedView:
         self.settings = settings
         self.speed = SpeedReader(client)
         self.hints = ServedHints()
-        self.cache = BatchPointCache(settings.serving.cache_points)
+        self.points = StampedCache(settings.serving.cache_points)
+        """Rendered batch-only points per (metric, window, key): start -> fragment or None."""
+        self.tops = StampedCache(settings.serving.cache_points)
+        """Ranked keys of batch-only `top` windows per (metric, window, start, by)."""
         self.speed_points = SpeedPointCache(settings.serving.speed_cache_bytes)
         self.versions = {m.name: settings.metric_version(m) for m in settings.metrics}
         self._partitions = {m.name: settings.source(m.source).partitions for m in settings.metrics}
@@ -477,7 +464,7 @@ class MergedView:
         def params_for(stamp: str | None, watermark: int | None) -> dict[str, Any]:
             split[0] = split_starts(starts, window_ms, watermark)
             batch, mixed, _ = split[0]
-            cached[0] = self.cache.get(metric.name, window_ms, key, stamp)
+            cached[0] = self.points.get((metric.name, window_ms, key), stamp) or {}
             missing[:] = [s for s in batch if s not in cached[0]]
             plans.clear()
             refs: dict[CellRef, bool] = {}
@@ -511,7 +498,8 @@ class MergedView:
             rendered = _render(values, start, window_ms, "batch")
             fresh[start] = None if rendered is None else orjson.Fragment(orjson.dumps(rendered))
         if fresh and stamp is not None:
-            self.cache.add(metric.name, window_ms, key, stamp, fresh)
+            entry = {**cached[0], **fresh}
+            self.points.put((metric.name, window_ms, key), stamp, entry, len(entry))
 
         speed_bases: list[int] = [s for start in mixed for s in plans[start].speed_cells]
         if speed_windows:
@@ -569,20 +557,27 @@ class MergedView:
         if by.startswith("distinct_"):
             sketch_index = metric.distinct_fields.index(by.removeprefix("distinct_")) + 1
         plan_box: list[WindowPlan] = []
+        name = (metric.name, window_ms, start, by)
+        cached: list[Any] = [None]
 
         def params_for(stamp: str | None, watermark: int | None) -> dict[str, Any]:
             plan_box[:] = [plan_window(start, window_ms, base, watermark, metric.windows)]
-            refs = plan_box[0].batch_cells
+            plan = plan_box[0]
+            cached[0] = None if plan.speed_cells else self.tops.get(name, stamp)
+            refs = () if cached[0] is not None else plan.batch_cells
             return {
                 "sizes": [r.size_ms for r in refs],
                 "starts": [r.start_ms for r in refs],
                 "sketch": sketch_index,
                 # one stored cell per key and no speed cells: its estimate is the answer
-                "union": len(refs) + len(plan_box[0].speed_cells) > 1,
+                "union": len(refs) + len(plan.speed_cells) > 1,
             }
 
-        served, _, rows = await self._guarded(db, metric, _TOP_SQL, params_for)
+        served, stamp, rows = await self._guarded(db, metric, _TOP_SQL, params_for)
         watermark = served.watermark
+        if watermark is not None and cached[0] is not None:
+            ranked, batch_cells = cached[0]
+            return ReadResult(watermark, await self.speed.status(), batch_cells=batch_cells), ranked
         plan = (
             plan_window(start, window_ms, base, None, metric.windows)
             if watermark is None
@@ -625,6 +620,8 @@ class MergedView:
             if value is not None:
                 ranked.append((key, value))
         ranked.sort(key=lambda item: (-item[1], item[0]))
+        if not plan.speed_cells and stamp is not None and watermark is not None:
+            self.tops.put(name, stamp, (ranked, batch_cells), len(ranked) + 1)
         result = ReadResult(watermark, status, batch_cells=batch_cells, speed_states=speed_states)
         return result, ranked
 

@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from serving_layer.timefmt import format_time
+from shared.db.connect import connect
 from tests.conftest import Platform
 from tests.serving.views import Event, batch_rows, expected, publish, random_events, write_speed
 
@@ -103,3 +104,24 @@ def test_keys_from_both_layers(platform: Platform, client: TestClient) -> None:
     assert r.json()["keys"] == [{"page": "/speed"}] and r.json()["truncated"] is True
     r = client.get("/v1/metrics/views_total/keys", params=params)
     assert r.json()["keys"] == []  # views_total has no cells here
+
+
+def test_cached_top_follows_an_in_place_publication(platform: Platform, client: TestClient) -> None:
+    """A batch-only `top` answer is kept for one stamp of the served row: an incremental run's
+    upsert (cells and served row in one transaction, rule 6) must show in the next answer."""
+    events = random_events(random.Random(9), T0 - 2 * HOUR, T0, 300, PAGES)
+    _load(platform, events)
+    params = {"window": "1h", "at": format_time(T0 - HOUR), "by": "count", "n": 3}
+    first = client.get("/v1/metrics/views_by_page/top", params=params).json()["items"]
+    assert client.get("/v1/metrics/views_by_page/top", params=params).json()["items"] == first
+    last = first[-1]["key"]["page"]
+    with connect(platform.settings.postgres.url) as conn:
+        conn.execute(
+            "UPDATE batch_cells SET count = count + 1000 WHERE metric = 'views_by_page' "
+            "AND window_ms = %s AND start_ms = %s AND key = %s",
+            [HOUR, T0 - HOUR, [last]],
+        )
+        conn.execute("UPDATE served_view SET published_at = now()")
+        conn.commit()
+    after = client.get("/v1/metrics/views_by_page/top", params=params).json()["items"]
+    assert after[0] == {**first[-1], "value": first[-1]["value"] + 1000}
