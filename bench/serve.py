@@ -329,11 +329,9 @@ def free_port() -> int:
 
 def start_server(config_path: Path, port: int) -> subprocess.Popen[bytes]:
     code = (
-        "import uvicorn\n"
-        "from serving_layer import create_app\n"
+        "from serving_layer import run_server\n"
         "from shared.config import load_settings\n"
-        f"uvicorn.run(create_app(load_settings()), host='127.0.0.1', port={port}, "
-        "log_level='warning', access_log=False)\n"
+        f"run_server(load_settings(), '127.0.0.1', {port})\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAMBDA_")}
     env["LAMBDA_CONFIG"] = str(config_path)

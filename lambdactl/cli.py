@@ -149,19 +149,12 @@ def _time_option(name: str, text: str | None) -> int | None:
 def serve(
     host: Annotated[str | None, typer.Option()] = None,
     port: Annotated[int | None, typer.Option()] = None,
+    access_log: Annotated[bool, typer.Option(help="log every request")] = False,
 ) -> None:
     """Run the HTTP API (and dashboard) with uvicorn."""
-    import uvicorn
+    from serving_layer import run_server
 
-    from serving_layer import create_app
-
-    settings = _settings()
-    uvicorn.run(
-        create_app(settings),
-        host=host or settings.serving.host,
-        port=port or settings.serving.port,
-        log_level="info",
-    )
+    run_server(_settings(), host, port, access_log)
 
 
 @app.command("produce")
