@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import reduce
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from shared.aggregates import HLL_LG_K
@@ -30,32 +30,38 @@ class SourceResult:
     skipped: dict[str, int]
 
 
-def first_copies(valid: DataFrame) -> DataFrame:
-    """The whole row of the first source-valid copy read of each id (rule 4)."""
-    others = [c for c in valid.columns if c not in ("event_id",)]
-    first = F.min_by(F.struct(*others), F.struct("partition", "offset"))
+def metric_inputs(events: DataFrame, metrics: list[MetricConfig]) -> DataFrame:
+    """(metric, base window, time, key, value, distincts) of every event each metric uses:
+    one row per (event, metric), generated from one scan of the events."""
+    per_metric = F.array(
+        *[
+            F.struct(
+                F.lit(m.name).alias("metric"),
+                F.lit(m.base_window).cast("bigint").alias("window_ms"),
+                F.col(f"k{i}").alias("key"),
+                F.col(f"v{i}").alias("value"),
+                F.col(f"d{i}").alias("distincts"),
+                F.col(f"s{i}").alias("skipped"),
+            )
+            for i, m in enumerate(metrics)
+        ]
+    )
     return (
-        valid.where(F.col("event_id").isNotNull())
-        .groupBy("event_id")
-        .agg(first.alias("first"))
-        .select("first.*", "event_id")
+        events.select("time_ms", F.inline(per_metric))
+        .where(F.col("skipped").isNull())
+        .drop("skipped")
     )
 
 
-def metric_inputs(events: DataFrame, metrics: list[MetricConfig]) -> DataFrame:
-    """(metric, base window, time, key, value, distincts) of every event each metric uses."""
-    parts = [
-        events.where(F.col(f"s{i}").isNull()).select(
-            F.lit(m.name).alias("metric"),
-            F.lit(m.base_window).cast("bigint").alias("window_ms"),
-            "time_ms",
-            F.col(f"k{i}").alias("key"),
-            F.col(f"v{i}").alias("value"),
-            F.col(f"d{i}").alias("distincts"),
-        )
-        for i, m in enumerate(metrics)
-    ]
-    return reduce(DataFrame.unionAll, parts)
+def _floor(time: str, size: str) -> Column:
+    """The start of the window of `size` holding `time` (epoch-aligned, as `shared.windows`)."""
+    return F.col(time) - F.pmod(F.col(time), F.col(size))
+
+
+def _tasks(frame: DataFrame) -> int:
+    """The configured number of shuffle partitions (a fixed number: AQE would coalesce them
+    into fewer tasks than cores)."""
+    return int(frame.sparkSession.conf.get("spark.sql.shuffle.partitions") or 8)
 
 
 def _width(metrics: list[MetricConfig]) -> int:
@@ -64,11 +70,16 @@ def _width(metrics: list[MetricConfig]) -> int:
 
 def base_cells(events: DataFrame, metrics: list[MetricConfig]) -> DataFrame:
     """Every metric's base-window cells of the given events (HLL sketches with
-    `hll_sketch_agg`), as columns `sketch_<i>`."""
+    `hll_sketch_agg`), as columns `sketch_<i>`.
+
+    The inputs are shuffled by cell start first, so each cell is aggregated in one task with
+    no partial aggregation: a partial `hll_sketch_agg` hardly reduces (most cells are small)
+    yet serializes and re-merges a sketch per cell and task — measured twice as slow."""
     width = _width(metrics)
     return (
         metric_inputs(events, metrics)
-        .withColumn("start_ms", F.col("time_ms") - F.pmod(F.col("time_ms"), F.col("window_ms")))
+        .withColumn("start_ms", _floor("time_ms", "window_ms"))
+        .repartition(_tasks(events), "start_ms")
         .groupBy("metric", "window_ms", "start_ms", "key")
         .agg(
             F.count(F.lit(1)).alias("count"),
@@ -83,40 +94,76 @@ def base_cells(events: DataFrame, metrics: list[MetricConfig]) -> DataFrame:
     )
 
 
-def cells_of(base: DataFrame, metrics: list[MetricConfig]) -> DataFrame:
-    """Every configured window's cells: the base cells, and the larger windows rolled up from
-    them (`hll_union_agg`), so events are grouped once. Persist `base` before calling."""
-    width = _width(metrics)
-    levels = [base]
+def _windows(metrics: list[MetricConfig]) -> Column:
+    """Per base cell, the sizes of all its metric's windows (the base window first)."""
+    sizes = None
     for m in metrics:
-        for w in m.windows[1:]:
-            levels.append(
-                base.where(F.col("metric") == F.lit(m.name))
-                .withColumn("window_ms", F.lit(w).cast("bigint"))
-                .withColumn("start_ms", F.col("start_ms") - F.pmod(F.col("start_ms"), F.lit(w)))
-                .groupBy("metric", "window_ms", "start_ms", "key")
-                .agg(
-                    F.sum("count").alias("count"),
-                    F.sum("sum").alias("sum"),
-                    F.min("min").alias("min"),
-                    F.max("max").alias("max"),
-                    *[F.hll_union_agg(f"sketch_{i}").alias(f"sketch_{i}") for i in range(width)],
-                )
-            )
-    grouped = reduce(DataFrame.unionAll, levels)
-    return grouped.select(
-        "metric",
-        "window_ms",
-        "start_ms",
-        "key",
-        "count",
-        "sum",
-        "min",
-        "max",
-        F.array(*[F.col(f"sketch_{i}") for i in range(width)]).alias("sketches"),
-        F.array(*[F.hll_sketch_estimate(F.col(f"sketch_{i}")) for i in range(width)])
-        .cast("array<double>")
-        .alias("distinct_estimates"),
+        these = F.array(*[F.lit(w).cast("bigint") for w in m.windows])
+        condition = F.col("metric") == F.lit(m.name)
+        sizes = F.when(condition, these) if sizes is None else sizes.when(condition, these)
+    assert sizes is not None
+    return sizes
+
+
+def _distinct_count(metrics: list[MetricConfig]) -> Column:
+    """Per cell, its metric's number of distinct fields (its share of the `width` sketches)."""
+    count = None
+    for m in metrics:
+        condition = F.col("metric") == F.lit(m.name)
+        n = F.lit(len(m.distinct_fields))
+        count = F.when(condition, n) if count is None else count.when(condition, n)
+    assert count is not None
+    return count
+
+
+def cells_of(base: DataFrame, metrics: list[MetricConfig]) -> DataFrame:
+    """Every configured window's cells, rolled up from the base cells in one more aggregation:
+    each base cell is exploded into all its windows (itself included) and merged with
+    `hll_union_agg`, so the events are grouped once, the base cells are computed once and
+    the whole result is one plan (one Spark action)."""
+    width = _width(metrics)
+    own = _distinct_count(metrics)
+    return (
+        base.select(
+            "metric",
+            F.explode(_windows(metrics)).alias("window_ms"),
+            "start_ms",
+            "key",
+            "count",
+            "sum",
+            "min",
+            "max",
+            *[f"sketch_{i}" for i in range(width)],
+        )
+        .withColumn("start_ms", _floor("start_ms", "window_ms"))
+        .groupBy("metric", "window_ms", "start_ms", "key")
+        .agg(
+            F.sum("count").alias("count"),
+            F.sum("sum").alias("sum"),
+            F.min("min").alias("min"),
+            F.max("max").alias("max"),
+            *[F.hll_union_agg(f"sketch_{i}").alias(f"sketch_{i}") for i in range(width)],
+        )
+        .select(
+            "metric",
+            "window_ms",
+            "start_ms",
+            "key",
+            "count",
+            "sum",
+            "min",
+            "max",
+            F.slice(F.array(*[F.col(f"sketch_{i}") for i in range(width)]), 1, own).alias(
+                "sketches"
+            ),
+            F.slice(
+                F.array(*[F.hll_sketch_estimate(F.col(f"sketch_{i}")) for i in range(width)]).cast(
+                    "array<double>"
+                ),
+                1,
+                own,
+            ).alias("distinct_estimates"),
+        )
     )
 
 
@@ -125,13 +172,94 @@ IdLookup = Callable[[pa.Table], pa.Table]
 earlier run already counted (they are duplicates now)."""
 
 
-def _fresh(frame: DataFrame, fresh_from: Mapping[int, int] | None) -> DataFrame:
+def _fresh(fresh_from: Mapping[int, int] | None) -> Column:
     """Rows at or after each partition's first offset not read by an earlier run."""
     if not fresh_from:
-        return frame
+        return F.lit(True)
     starts = F.create_map(*[part for p, o in fresh_from.items() for part in (F.lit(p), F.lit(o))])
-    return frame.where(
-        F.col("offset") >= F.coalesce(F.element_at(starts, F.col("partition")), F.lit(0))
+    return F.col("offset") >= F.coalesce(F.element_at(starts, F.col("partition")), F.lit(0))
+
+
+_EMPTY_IDS = pa.schema(
+    [("partition", pa.int32()), ("offset", pa.int64()), ("event_id", pa.string())]
+)
+
+
+_OFFSET_BITS = 43
+"""Positions pack into one long as `partition << 43 | offset` when they fit (they always do in
+practice: 2**43 offsets is 8.8 trillion records), so the first copy is a plain `min`."""
+
+
+def _first_copies(valid: DataFrame, packed: bool) -> pa.Table:
+    """Per id, the position of its first source-valid copy read (rule 4) and its number of
+    copies: a narrow aggregation (id and position only; the events are not shuffled).
+    `packed`: every position fits `_OFFSET_BITS` (a long `min` instead of a struct `min`,
+    which Spark can only sort-aggregate)."""
+    with_id = valid.where(F.col("event_id").isNotNull()).groupBy("event_id")
+    if not packed:
+        return (
+            with_id.agg(
+                F.min(F.struct("partition", "offset")).alias("first"),
+                F.count(F.lit(1)).alias("copies"),
+            )
+            .select("first.partition", "first.offset", "event_id", "copies")
+            .toArrow()
+        )
+    position = F.shiftleft(F.col("partition").cast("bigint"), _OFFSET_BITS) + F.col("offset")
+    table = with_id.agg(
+        F.min(position).alias("position"), F.count(F.lit(1)).alias("copies")
+    ).toArrow()
+    positions = table.column("position").to_numpy()
+    return pa.table(
+        {
+            "partition": pa.array((positions >> _OFFSET_BITS).astype(np.int32)),
+            "offset": pa.array(positions & ((1 << _OFFSET_BITS) - 1)),
+            "event_id": table.column("event_id"),
+            "copies": table.column("copies"),
+        }
+    )
+
+
+def _dropped_copies(firsts: pa.Table, seen: pa.Table | None) -> pa.Table:
+    """(event_id, keep_partition, keep_offset) of every id with a copy to drop: ids with
+    several copies keep their first; ids an earlier run counted keep none (-1)."""
+    several = firsts.filter(pc.greater(firsts.column("copies"), 1))
+    keep = pa.table(
+        {
+            "event_id": several.column("event_id"),
+            "keep_partition": several.column("partition"),
+            "keep_offset": several.column("offset"),
+        }
+    )
+    if seen is None or not seen.num_rows:
+        return keep
+    known = seen.column("event_id").cast(pa.string())
+    keep = keep.filter(pc.invert(pc.is_in(keep.column("event_id"), value_set=known)))
+    gone = pa.table(
+        {
+            "event_id": known,
+            "keep_partition": pa.array(np.full(len(known), -1, np.int32)),
+            "keep_offset": pa.array(np.full(len(known), -1, np.int64)),
+        }
+    )
+    return pa.concat_tables([keep, gone])
+
+
+def _without_dropped(events: DataFrame, dropped: pa.Table) -> DataFrame:
+    """The events minus the dropped copies: a broadcast join with the (small) dropped ids."""
+    if not dropped.num_rows:
+        return events
+    table = F.broadcast(events.sparkSession.createDataFrame(dropped))
+    return (
+        events.join(table, ["event_id"], "left")
+        .where(
+            F.col("keep_partition").isNull()
+            | (
+                (F.col("partition") == F.col("keep_partition"))
+                & (F.col("offset") == F.col("keep_offset"))
+            )
+        )
+        .drop("keep_partition", "keep_offset")
     )
 
 
@@ -145,7 +273,13 @@ def aggregate_source(
     seen_ids: IdLookup | None = None,
     time_range: tuple[int, int] | None = None,
 ) -> SourceResult:
-    """De-dup, count and aggregate one source's metric-input rows (read once, persisted).
+    """De-dup, count and aggregate one source's metric-input rows.
+
+    The rows are read from Kafka once and persisted; then four Spark actions run over them:
+    a per-partition summary (stream times and counts), `rebuild_from` (it needs the W that
+    the stream times give), the ids' first copies (narrow: id and position only), and all
+    cells of every metric and window in one plan, with the dropped copies removed by a
+    broadcast join.
 
     `rebuild_threshold` maps the partitions' stream times to the smallest new W of the source's
     metrics; records from there on are where a speed rebuild starts (rule 5).
@@ -154,74 +288,73 @@ def aggregate_source(
     rows before it are read only to find `rebuild_from`) and `seen_ids` (the id table lookup).
     Range runs pass `time_range`: only events in `[start, end)` are aggregated."""
     rows = rows.persist()
-    cached = [rows]
     try:
-        all_valid = rows.where(F.col("malformed").isNull())
-        fresh = _fresh(rows, fresh_from)
-        valid = fresh.where(F.col("malformed").isNull())
-        events = valid
-        ids_table = pa.table(
-            {
-                "partition": pa.array([], pa.int32()),
-                "offset": pa.array([], pa.int64()),
-                "event_id": pa.array([], pa.string()),
-            }
-        )
-        if source.id_field is not None:
-            events = first_copies(valid).persist()
-            cached.append(events)
-            ids_table = events.select("partition", "offset", "event_id").toArrow()
-            if seen_ids is not None and ids_table.num_rows:
-                seen = seen_ids(ids_table)
-                if seen.num_rows:
-                    known = pc.is_in(
-                        ids_table.column("event_id"), value_set=seen.column("event_id")
-                    )
-                    ids_table = ids_table.filter(pc.invert(known))
-                    kept = rows.sparkSession.createDataFrame(ids_table.select(["event_id"]))
-                    events = events.join(kept, ["event_id"], "semi")
-        if time_range is not None:
-            events = events.where(
-                (F.col("time_ms") >= F.lit(time_range[0]))
-                & (F.col("time_ms") < F.lit(time_range[1]))
+        is_valid = F.col("malformed").isNull()
+        is_fresh = _fresh(fresh_from)
+        summary = (
+            rows.groupBy("partition")
+            .agg(
+                F.max(F.when(is_valid, F.col("time_ms"))).alias("stream_time"),
+                F.max("offset").alias("last_offset"),
+                F.count(F.when(is_fresh, F.lit(1))).alias("rows_in"),
+                F.count(F.when(is_fresh, F.col("malformed"))).alias("malformed"),
+                *[
+                    F.count(F.when(is_fresh, F.col(f"s{i}"))).alias(f"s{i}")
+                    for i in range(len(metrics))
+                ],
             )
+            .collect()
+        )
         stream_times = {
             row["partition"]: row["stream_time"]
-            for row in all_valid.groupBy("partition")
-            .agg(F.max("time_ms").alias("stream_time"))
-            .collect()
+            for row in summary
+            if row["stream_time"] is not None
         }
         threshold = rebuild_threshold(stream_times)
         rebuild_from = {
             row["partition"]: row["first"]
-            for row in all_valid.where(
-                F.lit(True) if threshold is None else F.col("time_ms") >= F.lit(threshold)
+            for row in rows.where(
+                is_valid if threshold is None else is_valid & (F.col("time_ms") >= F.lit(threshold))
             )
             .groupBy("partition")
             .agg(F.min("offset").alias("first"))
             .collect()
         }
-        counts = fresh.agg(
-            F.count(F.lit(1)).alias("rows_in"),
-            F.count(F.col("malformed")).alias("malformed"),
-            *[F.count(F.col(f"s{i}")).alias(f"s{i}") for i in range(len(metrics))],
-        ).first()
-        assert counts is not None
-        skipped = {m.name: counts[f"s{i}"] for i, m in enumerate(metrics) if counts[f"s{i}"]}
+        skipped = {
+            m.name: total
+            for i, m in enumerate(metrics)
+            if (total := sum(row[f"s{i}"] for row in summary))
+        }
+        events = rows.where(is_valid & is_fresh)
+        ids_table = _EMPTY_IDS.empty_table()
+        if source.id_field is not None:
+            packed = all(
+                0 <= row["partition"] < 2**19 and row["last_offset"] < 2**_OFFSET_BITS
+                for row in summary
+            )
+            firsts = _first_copies(events, packed)
+            ids_table = firsts.select(["partition", "offset", "event_id"])
+            seen = seen_ids(ids_table) if seen_ids is not None and ids_table.num_rows else None
+            if seen is not None and seen.num_rows:
+                known = pc.is_in(ids_table.column("event_id"), value_set=seen.column("event_id"))
+                ids_table = ids_table.filter(pc.invert(known))
+            events = _without_dropped(events, _dropped_copies(firsts, seen))
+        if time_range is not None:
+            events = events.where(
+                (F.col("time_ms") >= F.lit(time_range[0]))
+                & (F.col("time_ms") < F.lit(time_range[1]))
+            )
         cells = pa.table({})
         if metrics:
-            base = base_cells(events, metrics).persist()
-            cached.append(base)
-            cells = cells_of(base, metrics).toArrow()
+            cells = cells_of(base_cells(events, metrics), metrics).toArrow()
         return SourceResult(
             cells=cells,
             ids=ids_table,
             stream_times=stream_times,
             rebuild_from=rebuild_from,
-            rows_in=counts["rows_in"],
-            malformed=counts["malformed"],
+            rows_in=sum(row["rows_in"] for row in summary),
+            malformed=sum(row["malformed"] for row in summary),
             skipped=skipped,
         )
     finally:
-        for frame in cached:
-            frame.unpersist()
+        rows.unpersist()

@@ -12,8 +12,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from psycopg import sql
 
@@ -50,20 +52,9 @@ def publish_full_generation(
         generation = conn.execute("SELECT nextval('batch_generation_seq')").fetchone()[0]  # type: ignore[index]
         table = sql.Identifier(f"batch_cells_g{generation}")
         conn.execute(sql.SQL("CREATE TABLE {} (LIKE batch_cells)").format(table))
-        written = 0
-        with conn.cursor().copy(
-            sql.SQL("COPY {} ({}) FROM STDIN").format(table, sql.SQL(_CELL_COLUMNS))
-        ) as copy:
-            for row in cells:
-                copy.write_row((generation, *row))
-                written += 1
+        written = _load_cells(conn, table, generation, cells)
         fault_point("mid_load")
-        conn.execute(
-            sql.SQL(
-                "ALTER TABLE {} ADD PRIMARY KEY (generation, metric, version, window_ms, "
-                "start_ms, key)"
-            ).format(table)
-        )
+        index_generation(conn, table)
         conn.execute(
             sql.SQL("ALTER TABLE batch_cells ATTACH PARTITION {} FOR VALUES IN ({})").format(
                 table, sql.Literal(generation)
@@ -76,26 +67,120 @@ def publish_full_generation(
     return generation, written
 
 
+def _ids_table(ids: pa.Table | Iterable[tuple[str, str, int, int]]) -> pa.Table:
+    if isinstance(ids, pa.Table):
+        return ids
+    rows = list(ids)
+    return pa.table(
+        {
+            name: pa.array([row[i] for row in rows], kind)
+            for i, (name, kind) in enumerate(
+                [
+                    ("source", pa.string()),
+                    ("event_id", pa.string()),
+                    ("partition", pa.int32()),
+                    ("offset", pa.int64()),
+                ]
+            )
+        }
+    )
+
+
+def index_generation(conn: psycopg.Connection[Any], table: sql.Identifier) -> None:
+    """The one place a loaded generation's key and indexes are built (after the load, before
+    it is attached): its part of `batch_cells`' primary key."""
+    conn.execute(
+        sql.SQL(
+            "ALTER TABLE {} ADD PRIMARY KEY (generation, metric, version, window_ms, start_ms, key)"
+        ).format(table)
+    )
+
+
+def _load_cells(
+    conn: psycopg.Connection[Any],
+    table: sql.Identifier,
+    generation: int,
+    cells: pa.Table | Iterable[tuple[Any, ...]],
+) -> int:
+    """COPY the cells into the generation's table: an Arrow table as CSV written by Arrow (no
+    per-row Python; measured ~2 s less than row by row for 66k cells), rows as given."""
+    columns = sql.SQL(_CELL_COLUMNS)
+    if isinstance(cells, pa.Table):
+        options = pacsv.WriteOptions(include_header=False, quoting_style="all_valid")
+        with conn.cursor().copy(
+            sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(table, columns)
+        ) as copy:
+            for batch in cells.to_batches(max_chunksize=50_000):
+                sink = io.BytesIO()
+                pacsv.write_csv(_cells_as_text(batch, generation), sink, write_options=options)
+                copy.write(sink.getvalue())
+        return cells.num_rows
+    written = 0
+    with conn.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN").format(table, columns)) as copy:
+        for row in cells:
+            copy.write_row((generation, *row))
+            written += 1
+    return written
+
+
+def _cells_as_text(batch: pa.RecordBatch, generation: int) -> pa.Table:
+    """A batch of cells (metric, version, window_ms, start_ms, key, count, sum, min, max,
+    sketches, distinct_estimates) with its array columns as PostgreSQL array literals."""
+    n = batch.num_rows
+    key = _pg_array(batch.column("key"), _quoted)
+    sketches = _pg_array(batch.column("sketches"), _bytea_elements)
+    estimates = _pg_array(batch.column("distinct_estimates"), lambda flat: flat.cast(pa.string()))
+    return pa.table(
+        {
+            "generation": pa.array(np.full(n, generation, np.int64)),
+            **{name: batch.column(name) for name in ("metric", "version", "window_ms")},
+            "start_ms": batch.column("start_ms"),
+            "key": key,
+            **{name: batch.column(name) for name in ("count", "sum", "min", "max")},
+            "sketches": sketches,
+            "distinct_estimates": estimates,
+        }
+    )
+
+
+def _pg_array(lists: pa.Array, elements: Any) -> pa.Array:
+    """`{e1,e2,...}` per list, each element written by `elements` (flat array → text)."""
+    flat = pc.list_flatten(lists)
+    lengths = pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False)
+    offsets = np.zeros(len(lists) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    text = pa.ListArray.from_arrays(pa.array(offsets), elements(flat))
+    return pc.binary_join_element_wise("{", pc.binary_join(text, ","), "}", "")
+
+
+def _quoted(flat: pa.Array) -> pa.Array:
+    """Text elements in double quotes, backslashes and quotes escaped (array literal rules)."""
+    escaped = pc.replace_substring(pc.replace_substring(flat, "\\", "\\\\"), '"', '\\"')
+    return pc.binary_join_element_wise('"', escaped, '"', "")
+
+
+def _bytea_elements(flat: pa.Array) -> pa.Array:
+    """Binary elements as quoted hex bytea literals (`"\\\\x0a1b"` in an array literal)."""
+    flat = flat.cast(pa.binary())
+    if not len(flat):
+        return pa.array([], pa.string())
+    offsets = np.frombuffer(flat.buffers()[1], np.int32)[flat.offset : flat.offset + len(flat) + 1]
+    buffer = flat.buffers()[2]
+    data = b"" if buffer is None else buffer.to_pybytes()[offsets[0] : offsets[-1]]
+    hexed = pa.StringArray.from_buffers(
+        len(flat),
+        pa.py_buffer(((offsets - offsets[0]) * 2).astype(np.int32)),
+        pa.py_buffer(data.hex().encode()),
+    )
+    return pc.binary_join_element_wise('"\\\\x', hexed, '"', "")
+
+
 def copy_ids(
     conn: psycopg.Connection[Any], ids: pa.Table | Iterable[tuple[str, str, int, int]]
 ) -> None:
     """COPY (source, event_id, partition, offset) rows as CSV written by Arrow (no per-row
     Python); every value is quoted, so an empty id stays an empty string, never NULL."""
-    if not isinstance(ids, pa.Table):
-        rows = list(ids)
-        ids = pa.table(
-            {
-                name: pa.array([row[i] for row in rows], kind)
-                for i, (name, kind) in enumerate(
-                    [
-                        ("source", pa.string()),
-                        ("event_id", pa.string()),
-                        ("partition", pa.int32()),
-                        ("offset", pa.int64()),
-                    ]
-                )
-            }
-        )
+    ids = _ids_table(ids)
     options = pacsv.WriteOptions(include_header=False, quoting_style="all_valid")
     with conn.cursor().copy(
         'COPY dedup_ids (source, event_id, partition, "offset") FROM STDIN (FORMAT csv)'
@@ -104,6 +189,17 @@ def copy_ids(
             sink = io.BytesIO()
             pacsv.write_csv(batch, sink, write_options=options)
             copy.write(sink.getvalue())
+
+
+def _in_key_order(ids: pa.Table | Iterable[tuple[str, str, int, int]]) -> pa.Table:
+    """The ids sorted by the id table's key (Arrow sorts text bytewise, as the database's C
+    collation does): PostgreSQL then builds the key from presorted rows, measured 0.7 s
+    instead of 3 s for 1M ids, for 0.5 s of sorting here."""
+    table = _ids_table(ids)
+    if len(table.column("source").unique()) > 1:
+        keys = [("source", "ascending"), ("event_id", "ascending")]
+        return table.take(pc.sort_indices(table, sort_keys=keys))
+    return table.take(pc.sort_indices(table.column("event_id")))
 
 
 def _replace_ids(
@@ -123,7 +219,7 @@ def _replace_ids(
         return
     conn.execute("TRUNCATE dedup_ids")
     conn.execute("ALTER TABLE dedup_ids DROP CONSTRAINT dedup_ids_pkey")
-    copy_ids(conn, ids)
+    copy_ids(conn, _in_key_order(ids))
     conn.execute(
         "ALTER TABLE dedup_ids ADD CONSTRAINT dedup_ids_pkey PRIMARY KEY (source, event_id)"
     )

@@ -18,7 +18,11 @@ from shared.config import Settings
 
 
 def spark_session(settings: Settings) -> SparkSession:
-    """One session per process; executors run this same Python, so they import `shared`."""
+    """One session per process; executors run this same Python, so they import `shared`.
+
+    The HLL aggregations run in Spark's object hash aggregate, which by default falls back
+    to sorting after 128 groups per task; a base-cell aggregation has thousands per task
+    (65,536 keeps the worst case, every sketch in full HLL mode, near 256 MB per task)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = (
@@ -30,6 +34,7 @@ def spark_session(settings: Settings) -> SparkSession:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.objectHashAggregate.sortBased.fallbackThreshold", "65536")
     )
     for key, value in settings.spark.conf.items():
         builder = builder.config(key, value)

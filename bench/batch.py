@@ -4,6 +4,7 @@ data, not history).
 
     .venv/bin/python bench/batch.py --quick     # 1x = 100k, 10x = 1M events (~5 min)
     .venv/bin/python bench/batch.py             # 1x = 1M, 10x = 10M events
+    .venv/bin/python bench/batch.py --events 10000000   # the same, by the full run's size
 
 History is spread over 24 h of event time; the new hour holds 1/24 of the 1x history. Each run
 executes in one Spark session started up front, so session start-up is not in any figure.
@@ -113,9 +114,16 @@ def timed_run(world: World, spark: Any, mode: str) -> tuple[float, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1x = 100k, 10x = 1M events")
-    parser.add_argument("--history", type=int, help="events of the 1x history (default 1M)")
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--history", type=int, help="events of the 1x history (default 1M)")
+    sizes.add_argument(
+        "--events",
+        type=int,
+        help="events of the measured full run (the 10x history), e.g. 10000000; 1x = a tenth",
+    )
     args = parser.parse_args()
-    one_x = args.history or (100_000 if args.quick else 1_000_000)
+    one_x = args.history or (args.events // 10 if args.events else 0)
+    one_x = one_x or (100_000 if args.quick else 1_000_000)
     base = Settings()
     stack_up(base)
     tag = uuid.uuid4().hex[:8]
