@@ -30,6 +30,10 @@ class SourceResult:
     skipped: dict[str, int]
 
 
+_PLAIN = ("count", "sum", "min", "max")
+"""The plain aggregate columns of a cell, merged by sum/sum/min/max."""
+
+
 def metric_inputs(events: DataFrame, metrics: list[MetricConfig]) -> DataFrame:
     """(metric, base window, time, key, value, distincts) of every event each metric uses:
     one row per (event, metric), generated from one scan of the events."""
@@ -129,10 +133,7 @@ def cells_of(base: DataFrame, metrics: list[MetricConfig]) -> DataFrame:
             F.explode(_windows(metrics)).alias("window_ms"),
             "start_ms",
             "key",
-            "count",
-            "sum",
-            "min",
-            "max",
+            *_PLAIN,
             *[f"sketch_{i}" for i in range(width)],
         )
         .withColumn("start_ms", _floor("start_ms", "window_ms"))
@@ -149,10 +150,7 @@ def cells_of(base: DataFrame, metrics: list[MetricConfig]) -> DataFrame:
             "window_ms",
             "start_ms",
             "key",
-            "count",
-            "sum",
-            "min",
-            "max",
+            *_PLAIN,
             F.slice(F.array(*[F.col(f"sketch_{i}") for i in range(width)]), 1, own).alias(
                 "sketches"
             ),

@@ -365,29 +365,16 @@ def _cell_table(settings: Settings, results: list[tuple[SourceConfig, SourceResu
                 {
                     "metric": cells.column("metric"),
                     "version": version,
-                    **{
-                        name: cells.column(name)
-                        for name in (
-                            "window_ms",
-                            "start_ms",
-                            "key",
-                            "count",
-                            "sum",
-                            "min",
-                            "max",
-                            "sketches",
-                            "distinct_estimates",
-                        )
-                    },
+                    **{name: cells.column(name) for name in CELL_SCHEMA.names[2:]},
                 }
             )
         )
     if not tables:
-        return _EMPTY_CELLS.empty_table()
+        return CELL_SCHEMA.empty_table()
     return pa.concat_tables(tables, promote_options="permissive")
 
 
-_EMPTY_CELLS = pa.schema(
+CELL_SCHEMA = pa.schema(
     [
         ("metric", pa.string()),
         ("version", pa.string()),
@@ -402,6 +389,7 @@ _EMPTY_CELLS = pa.schema(
         ("distinct_estimates", pa.list_(pa.float64())),
     ]
 )
+"""The columns of a run's cells as publication loads them (the `batch_cells` columns)."""
 
 
 def _cell_rows(

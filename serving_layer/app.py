@@ -39,23 +39,11 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.pg_pool = ConnectionPool(
-            settings.postgres.url,
-            min_size=1,
-            max_size=8,
-            kwargs={"autocommit": True, "connect_timeout": 3},
-            open=True,
-            timeout=5.0,
-        )
+        url = settings.postgres.url
+        connection: dict[str, Any] = {"autocommit": True, "connect_timeout": 3}
+        app.state.pg_pool = ConnectionPool(url, max_size=8, kwargs=connection, open=True)
         app.state.db = Db(app.state.pg_pool)
-        async_pool = AsyncConnectionPool(
-            settings.postgres.url,
-            min_size=1,
-            max_size=8,
-            kwargs={"autocommit": True, "connect_timeout": 3},
-            open=False,
-            timeout=5.0,
-        )
+        async_pool = AsyncConnectionPool(url, max_size=8, kwargs=connection, open=False)
         await async_pool.open()
         app.state.async_db = AsyncDb(async_pool)
         app.state.redis = redis.Redis.from_url(

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
+from batch_layer.job import CELL_SCHEMA
 from batch_layer.kafka_source import plan_slices
 from batch_layer.publish import _load_cells
 from shared.db.connect import connect
@@ -32,25 +33,12 @@ ROWS: list[tuple[Any, ...]] = [
     ("m2", "v2", 3_600_000, -3_600_000, [], 0, 0.0, None, 3.0, [], []),
     ("m,3", 'v"', 1, 2, ["7"], 9, 5e-324, 2.5, 7.0, [b"abc"], [3.0]),
 ]
-TYPES = [
-    ("metric", pa.string()),
-    ("version", pa.string()),
-    ("window_ms", pa.int64()),
-    ("start_ms", pa.int64()),
-    ("key", pa.list_(pa.string())),
-    ("count", pa.int64()),
-    ("sum", pa.float64()),
-    ("min", pa.float64()),
-    ("max", pa.float64()),
-    ("sketches", pa.list_(pa.binary())),
-    ("distinct_estimates", pa.list_(pa.float64())),
-]
 
 
 @pytest.mark.services
 def test_arrow_cells_load_like_rows(platform: Platform) -> None:
-    table = pa.table(
-        {name: pa.array([row[i] for row in ROWS], kind) for i, (name, kind) in enumerate(TYPES)}
+    table = pa.Table.from_pylist(
+        [dict(zip(CELL_SCHEMA.names, row, strict=True)) for row in ROWS], CELL_SCHEMA
     )
     with connect(platform.settings.postgres.url) as conn:
         loaded = {}
