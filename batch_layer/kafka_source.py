@@ -27,12 +27,10 @@ too), never by counting records.
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -43,6 +41,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from batch_layer.decode import Decoder, schema_ddl
+from shared.gc_tuning import collector_paused
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +102,7 @@ class _Reader(DataSourceReader):
         offsets: list[int] = []
         create_times: list[int] = []
         values: list[bytes | None] = []
-        with _collector_paused():
+        with collector_paused():
             for batch in read_slice(self.options["bootstrap"], source.topic, partition):
                 offsets += batch.offsets
                 create_times += batch.create_times
@@ -119,20 +118,6 @@ class _Reader(DataSourceReader):
                     del create_times[:_RECORDS_PER_BLOCK]
                     del values[:_RECORDS_PER_BLOCK]
             yield from decoder.decode(partition.partition, offsets, create_times, values)
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic GC off while reading: every Kafka message is a GC-tracked object, and
-    the collections they trigger cost about a third of the read (profiled). Nothing the read
-    allocates forms cycles."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 @dataclass

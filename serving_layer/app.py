@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -25,6 +24,7 @@ from serving_layer.pools import AsyncDb, Db
 from serving_layer.responses import JSONResponse
 from serving_layer.routes import dashboard, health, metrics, runs, status
 from shared.config import Settings
+from shared.gc_tuning import freeze_startup_objects
 
 DESCRIPTION = """Merged batch + speed views of windowed metrics (Lambda architecture).
 
@@ -117,9 +117,7 @@ def _keep_startup_out_of_gc() -> None:
     the process: freeze them (never scanned again) and collect the young generation less
     often (a request allocates thousands of short-lived, acyclic objects). Done by the server
     entry point, not the app factory, so tests that build many apps keep the defaults."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(10_000, 20, 100)
+    freeze_startup_objects(10_000)
 
 
 def _document_key_dimensions(app: FastAPI, settings: Settings) -> None:

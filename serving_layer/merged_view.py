@@ -329,8 +329,9 @@ class SpeedPointCache:
             return entry[0]
         parts = [parse_state(state, bool(metric.distinct_fields)) for state in states]
         rendered = _render(merge_cells(metric, parts), start, window_ms, source)
-        point = None if rendered is None else orjson.Fragment(orjson.dumps(rendered))
-        size = sum(map(len, states)) + (0 if rendered is None else 400)
+        data = b"" if rendered is None else orjson.dumps(rendered)
+        point = orjson.Fragment(data) if data else None
+        size = sum(map(len, states)) + len(data)
         self._entries[content] = (point, size)
         self._bytes += size
         while self._bytes > self._max:

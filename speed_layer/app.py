@@ -25,7 +25,6 @@ minutes of ids per partition (without cleanup: ~58 MB per 1M events).
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import sys
 import time
@@ -42,6 +41,7 @@ from shared.config import Settings
 from shared.db.connect import connect
 from shared.db.served import ServedView, read_served
 from shared.faults import fault_point
+from shared.gc_tuning import collector_paused, freeze_startup_objects
 from shared.kafka import check_topics
 from shared.speed_store import (
     APPLIED,
@@ -258,11 +258,8 @@ class SpeedWorker:
         never lands between the Redis apply and the offset it allows to commit."""
         processor = self.processors[tp.topic]
         started = time.perf_counter()
-        gc.disable()  # see `tune_gc`
-        try:
+        with collector_paused():  # see `tune_gc`
             outcome = processor.process(self.epoch, tp.partition, records, self.watermarks)
-        finally:
-            gc.enable()
         metrics = self.metrics
         if outcome.status == APPLIED:
             metrics.apply_seconds.observe(time.perf_counter() - started)
@@ -463,9 +460,7 @@ def tune_gc() -> None:
     cycles (reference counting frees them when the batch is done), so: freeze what startup
     built (never scanned again), collect the young generation every 50,000 allocations, and
     pause collection for the duration of a batch."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
+    freeze_startup_objects(50_000)
 
 
 def run_worker(settings: Settings) -> None:
