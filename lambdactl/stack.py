@@ -43,6 +43,8 @@ from urllib.parse import unquote, urlsplit
 
 import psycopg
 import redis
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
 from psycopg import sql
 from rich.table import Table
 
@@ -163,7 +165,7 @@ def _service_states(settings: Settings) -> list[ServiceState]:
         _describe(
             "kafka",
             settings.kafka.bootstrap_servers,
-            _port_open(host, port),
+            _kafka_error(settings.kafka.bootstrap_servers, host, port) is None,
             kafka_pid,
             _where(dirs.data("kafka"), dirs.log("kafka")),
         ),
@@ -214,7 +216,7 @@ def _kafka_up(settings: Settings, dirs: _Dirs) -> ServiceState:
     host, port = _kafka_address(settings)
 
     def probe() -> str | None:
-        return None if _port_open(host, port) else f"nothing accepts connections on {host}:{port}"
+        return _kafka_error(settings.kafka.bootstrap_servers, host, port)
 
     def command() -> list[str]:
         return [
@@ -300,6 +302,11 @@ def _ensure_process(
     if error is None:
         return _describe(name, url, True, pid, where, note="already running; ")
     if pid is not None:
+        deadline = time.monotonic() + START_TIMEOUT_S  # it may still be starting
+        while (error := probe()) is not None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if error is None:
+            return _describe(name, url, True, pid, where, note="already running; ")
         raise ServiceUnavailableError(
             f"{name} (pid {pid}, started by lambdactl) does not answer at {_redact(url)}: {error}. "
             f"See {dirs.log(name)}, then run `lambdactl stack down` and `lambdactl stack up`"
@@ -599,6 +606,19 @@ def _port_open(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def _kafka_error(bootstrap: str, host: str, port: int) -> str | None:
+    """None when the broker answers a metadata request. An open port is not enough: noida-db
+    accepts connections while it still loads its data dir, and answers nothing until done."""
+    if not _port_open(host, port):
+        return f"nothing accepts connections on {host}:{port}"
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    try:
+        admin.list_topics(timeout=3.0)
+        return None
+    except KafkaException as exc:
+        return f"{host}:{port} accepts connections but answers no metadata request ({exc})"
 
 
 def _redis_error(url: str) -> str | None:

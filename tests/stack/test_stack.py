@@ -152,3 +152,20 @@ def test_unreachable_remote_service_is_reported_not_started(
     with pytest.raises(ServiceUnavailableError, match="LAMBDA_KAFKA__BOOTSTRAP_SERVERS"):
         stack_up(remote)
     assert not (tmp_path / ".lambda" / "run" / "kafka.pid").exists()
+
+
+def test_a_port_that_accepts_but_speaks_no_kafka_is_not_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker still loading its data accepts connections and answers nothing: `stack up`
+    must not report it up (the next command would fail on metadata), nor start a second one
+    over it."""
+    monkeypatch.chdir(tmp_path)
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        port = silent.getsockname()[1]
+        settings = _settings(tmp_path / ".lambda", kafka=f"127.0.0.1:{port}")
+        kafka = _by_name(stack_status(settings))["kafka"]
+        assert not kafka.reachable, kafka
+        with pytest.raises(ServiceUnavailableError, match="answers no metadata request"):
+            stack_up(settings)
+    assert not (tmp_path / ".lambda" / "run" / "kafka.pid").exists()
