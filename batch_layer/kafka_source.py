@@ -45,7 +45,7 @@ from shared.gc_tuning import collector_paused
 
 log = logging.getLogger(__name__)
 
-_RECORDS_PER_BLOCK = 8192
+_RECORDS_PER_BLOCK = 65536
 _FETCH_RECORDS = 10_000
 _STALL_S = 30.0
 
@@ -149,7 +149,10 @@ def read_slice(bootstrap: str, topic: str, part: Slice) -> Iterator[Records]:
         position = part.start
         last_progress = time.monotonic()
         while position < part.end:
-            messages = consumer.consume(_FETCH_RECORDS, timeout=0.5)
+            # Never ask for more records than offsets remain: `consume` waits its whole
+            # timeout for a count it cannot reach (transaction markers take offsets too, so
+            # the last call may still come up short; the timeout bounds that wait).
+            messages = consumer.consume(min(_FETCH_RECORDS, part.end - position), timeout=0.1)
             if any(m.error() is not None for m in messages):
                 messages = _records_only(messages)
             offsets: list[int] = [m.offset() for m in messages]  # type: ignore[misc]
