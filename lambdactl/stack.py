@@ -365,9 +365,22 @@ def _stop_group(pid: int, marker: str) -> bool:
         while time.monotonic() < deadline:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
-            if not _alive(pid, marker):
+            if not _alive(pid, marker) and not _group_alive(pid):
                 return True
             time.sleep(0.1)
+    return False
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a live (non-zombie) process remains in the process group: noida-db's native
+    child outlives its wrapper while it writes its data out, and holds the port meanwhile."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
     return False
 
 
