@@ -195,7 +195,12 @@ class SparkSettings(_Strict):
     master: str = "local[2]"
     driver_memory: str = "2g"
     shuffle_partitions: int = Field(default=8, ge=1)
-    max_offsets_per_slice: int = Field(default=250_000, ge=1)
+    max_offsets_per_slice: int = Field(default=4_000_000, ge=1)
+    """At most this many offsets per Spark input partition. The default reads a partition
+    whole up to 4M offsets (Spark's own Kafka source maps one Kafka partition to one Spark
+    partition): the local broker answers every fetch with the partition's whole tail, so each
+    extra slice of a partition re-sends the rest of it. Lower it when a source has fewer
+    partitions than the cluster has cores."""
     conf: dict[str, str] = Field(default_factory=dict)
     """Extra Spark properties, e.g. `spark.executor.memory` for a cluster."""
     fast_path: bool = True

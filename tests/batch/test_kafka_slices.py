@@ -1,0 +1,44 @@
+"""Reading `[start, end)` slices of a partition on the real broker: exactly the slice's
+records, also when the broker answers a fetch with far more than the client asked for."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import Producer
+
+from batch_layer.kafka_source import Slice, read_slice
+from tests.conftest import Platform
+
+pytestmark = [pytest.mark.services, pytest.mark.timeout(180)]
+
+_RECORD_BYTES = 100_000
+_RECORDS = 1_100
+"""110 MB in one partition: more than librdkafka's default 100 MB response limit, which a
+broker that ignores the fetch size limits (noida-db answers with the partition's whole tail)
+exceeds when a slice starts at offset 0."""
+
+
+def test_slices_of_a_partition_larger_than_the_default_response_limit(
+    platform: Platform,
+) -> None:
+    topic = platform.settings.sources[0].topic
+    producer = Producer(
+        {"bootstrap.servers": platform.settings.kafka.bootstrap_servers, "linger.ms": 20}
+    )
+    for i in range(_RECORDS):
+        producer.produce(topic, str(i).encode().ljust(_RECORD_BYTES, b" "), partition=0)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    bootstrap = platform.settings.kafka.bootstrap_servers
+
+    def read(start: int, end: int) -> list[tuple[int, int]]:
+        return [
+            (offset, int(value))
+            for records in read_slice(bootstrap, topic, Slice(0, start, end))
+            for offset, value in zip(records.offsets, records.values, strict=True)
+            if value is not None
+        ]
+
+    assert read(0, 10) == [(i, i) for i in range(10)]
+    assert read(500, 700) == [(i, i) for i in range(500, 700)]
+    assert read(_RECORDS - 3, _RECORDS) == [(i, i) for i in range(_RECORDS - 3, _RECORDS)]
