@@ -3,7 +3,7 @@ come from `shared` (metric inputs are produced by the shared parser in the data 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from batch_layer.rebuild_index import RebuildIndex, next_rebuild_index
 from shared.aggregates import HLL_LG_K
 from shared.config import MetricConfig, SourceConfig
 
@@ -25,6 +26,8 @@ class SourceResult:
     stream_times: dict[int, int]
     rebuild_from: dict[int, int]
     """partition -> smallest offset whose event time is >= the source's smallest new W."""
+    rebuild_index: RebuildIndex
+    """The index the next incremental run finds its `rebuild_from` with (`next_rebuild_index`)."""
     rows_in: int
     malformed: int
     skipped: dict[str, int]
@@ -258,7 +261,9 @@ def aggregate_source(
     metrics: list[MetricConfig],
     rebuild_threshold: Callable[[dict[int, int]], int | None],
     *,
+    bucket_ms: int,
     fresh_from: Mapping[int, int] | None = None,
+    previous_index: Mapping[int, Sequence[Sequence[int]]] | None = None,
     seen_ids: IdLookup | None = None,
     time_range: tuple[int, int] | None = None,
 ) -> SourceResult:
@@ -272,10 +277,13 @@ def aggregate_source(
     broadcast join.
 
     `rebuild_threshold` maps the partitions' stream times to the smallest new W of the source's
-    metrics; records from there on are where a speed rebuild starts (rule 5).
+    metrics; records from there on are where a speed rebuild starts (rule 5). `bucket_ms`
+    divides every W of the source (the greatest common divisor of its base windows): the
+    rebuild index's bucket size.
 
     Incremental runs pass `fresh_from` (partition -> first offset an earlier run has not read;
-    rows before it are read only to find `rebuild_from`) and `seen_ids` (the id table lookup).
+    rows before it, if any, are read only to find `rebuild_from`), `previous_index` (the served
+    rebuild index) and `seen_ids` (the id table lookup).
     Range runs pass `time_range`: only events in `[start, end)` are aggregated."""
     rows = rows.persist()
     try:
@@ -300,15 +308,17 @@ def aggregate_source(
             if row["stream_time"] is not None
         }
         threshold = rebuild_threshold(stream_times)
-        rebuild_from = {
-            row["partition"]: row["first"]
-            for row in rows.where(
-                is_valid if threshold is None else is_valid & (F.col("time_ms") >= F.lit(threshold))
-            )
-            .groupBy("partition")
-            .agg(F.min("offset").alias("first"))
+        recent = is_valid if threshold is None else is_valid & (F.col("time_ms") >= threshold)
+        found = (
+            rows.where(recent)
+            .groupBy("partition", (F.col("time_ms") - F.pmod("time_ms", F.lit(bucket_ms))))
+            .agg(F.min("offset"))
             .collect()
-        }
+        )
+        rebuild_index = next_rebuild_index(
+            previous_index or {}, [(int(p), int(b), int(o)) for p, b, o in found], threshold
+        )
+        rebuild_from = {p: min(o for _, o in pairs) for p, pairs in rebuild_index.items()}
         skipped = {
             m.name: total
             for i, m in enumerate(metrics)
@@ -337,6 +347,7 @@ def aggregate_source(
             ids=ids_table,
             stream_times=stream_times,
             rebuild_from=rebuild_from,
+            rebuild_index=rebuild_index,
             rows_in=sum(row["rows_in"] for row in summary),
             malformed=sum(row["malformed"] for row in summary),
             skipped=skipped,

@@ -3,8 +3,8 @@
 - `full`: every offset from 0 up to a fresh snapshot; loads and flips a new generation.
 - `incremental`: from the served snapshot up to a fresh one; new ids are checked against the
   id table, the new events' cell states are merged into the served generation's cells and W
-  advances. Partitions are also re-read from their `rebuild_from` (the events after the old W),
-  only to find the new `rebuild_from`.
+  advances. The new `rebuild_from` comes from the new events and the served rebuild index (a
+  served row without one re-reads each partition from its `rebuild_from` once).
 - `range`: `[start, end)` widened to the largest configured window's boundaries, read up to the
   served snapshot; only the cells in that range are replaced; W never moves.
 
@@ -15,6 +15,7 @@ with no served view at all) executes as `full`.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
@@ -191,6 +192,7 @@ def _execute(
     summary.timings["snapshot_s"] = time.monotonic() - began
     results: list[tuple[SourceConfig, SourceResult]] = []
     rebuild_from: dict[str, dict[str, int]] = {}
+    rebuild_index: dict[str, dict[str, list[list[int]]]] = {}
     for source in settings.sources:
         result = _read_and_aggregate(settings, spark, source, plan, summary)
         results.append((source, result))
@@ -198,13 +200,16 @@ def _execute(
             str(p): result.rebuild_from.get(p, end)
             for p, end in ((int(k), v) for k, v in plan.snapshot[source.topic].items())
         }
+        rebuild_index[source.topic] = {str(p): v for p, v in result.rebuild_index.items()}
     progress.floor(SPARK_SHARE)
     summary.timings["read_aggregate_s"] = time.monotonic() - began - summary.timings["snapshot_s"]
     published = time.monotonic()
     served = plan.served
     versions = _versions(settings)
     if plan.mode == "full":
-        publication = Publication(plan.snapshot, summary.watermarks, rebuild_from, versions)
+        publication = Publication(
+            plan.snapshot, summary.watermarks, rebuild_from, versions, rebuild_index
+        )
         summary.generation, summary.rows_out = publish_full_generation(
             conn,
             _cell_table(settings, results),
@@ -214,7 +219,9 @@ def _execute(
         )
     elif plan.mode == "incremental":
         assert served is not None
-        publication = Publication(plan.snapshot, summary.watermarks, rebuild_from, versions)
+        publication = Publication(
+            plan.snapshot, summary.watermarks, rebuild_from, versions, rebuild_index
+        )
         summary.generation = served.generation
         summary.rows_out = publish_incremental(
             conn,
@@ -279,12 +286,18 @@ def _read_and_aggregate(
     served = plan.served
     ends = {int(p): offset for p, offset in plan.snapshot[source.topic].items()}
     fresh_from: dict[int, int] | None = None
+    previous_index: dict[int, list[list[int]]] | None = None
     starts: dict[int, int] = {}
     if plan.mode == "incremental":
         assert served is not None
         fresh_from = {int(p): o for p, o in served.snapshot.get(source.topic, {}).items()}
-        rebuild = {int(p): o for p, o in served.rebuild_from.get(source.topic, {}).items()}
-        starts = {p: min(o, rebuild.get(p, o)) for p, o in fresh_from.items()}
+        starts = dict(fresh_from)
+        index = served.rebuild_index.get(source.topic)
+        if index is None:  # published before the index existed: find the events after W again
+            rebuild = {int(p): o for p, o in served.rebuild_from.get(source.topic, {}).items()}
+            starts = {p: min(o, rebuild.get(p, o)) for p, o in fresh_from.items()}
+        else:
+            previous_index = {int(p): pairs for p, pairs in index.items()}
     slices = plan_slices(starts, ends, settings.spark.max_offsets_per_slice)
     rows = (
         spark.read.format("lambda_kafka")
@@ -318,7 +331,9 @@ def _read_and_aggregate(
         source,
         metrics,
         watermarks_of,
+        bucket_ms=math.gcd(*(m.base_window for m in metrics)),
         fresh_from=fresh_from,
+        previous_index=previous_index,
         seen_ids=seen_ids,
         time_range=plan.time_range,
     )

@@ -96,9 +96,10 @@ class _Reader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         from shared.config import MetricConfig, SourceConfig  # executor-side import
 
+        if not isinstance(partition, Slice):
+            return  # no slices (nothing new to read): Spark still reads one default partition
         source = SourceConfig.model_validate_json(self.options["source"])
         metrics = [MetricConfig.model_validate(m) for m in orjson.loads(self.options["metrics"])]
-        assert isinstance(partition, Slice)
         decoder = Decoder(source, metrics, fast=self.options.get("fast_path", "true") == "true")
         offsets: list[int] = []
         create_times: list[int] = []

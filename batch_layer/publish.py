@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,7 @@ class Publication:
     watermarks: Mapping[str, int | None]
     rebuild_from: Mapping[str, Mapping[str, int]]
     versions: Mapping[str, str]
+    rebuild_index: Mapping[str, Mapping[str, list[list[int]]]] = field(default_factory=dict)
 
 
 def publish_full_generation(
@@ -234,12 +235,12 @@ def _flip(conn: psycopg.Connection[Any], generation: int, publication: Publicati
     conn.execute(
         """
         INSERT INTO served_view (id, generation, snapshot, watermarks, rebuild_from, versions,
-                                 published_at)
-        VALUES (1, %s, %s, %s, %s, %s, now())
+                                 rebuild_index, published_at)
+        VALUES (1, %s, %s, %s, %s, %s, %s, now())
         ON CONFLICT (id) DO UPDATE SET generation = excluded.generation,
             snapshot = excluded.snapshot, watermarks = excluded.watermarks,
             rebuild_from = excluded.rebuild_from, versions = excluded.versions,
-            published_at = excluded.published_at
+            rebuild_index = excluded.rebuild_index, published_at = excluded.published_at
         """,
         [
             generation,
@@ -247,6 +248,7 @@ def _flip(conn: psycopg.Connection[Any], generation: int, publication: Publicati
             Jsonb({m: w for m, w in publication.watermarks.items() if w is not None}),
             Jsonb(publication.rebuild_from),
             Jsonb(publication.versions),
+            Jsonb(publication.rebuild_index),
         ],
     )
 

@@ -1,9 +1,10 @@
 """The served-generation row (rule 6): one row naming the generation readers use, the offset
-snapshot it was computed from, W per metric and `rebuild_from` per partition."""
+snapshot it was computed from, W per metric, `rebuild_from` per partition and the index that
+finds the next `rebuild_from` (rule 5)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -20,6 +21,10 @@ class ServedView:
     """topic -> partition (as text) -> smallest offset whose event time is >= W."""
     versions: dict[str, str]
     """metric -> version of the metric definition the cells were computed with."""
+    rebuild_index: dict[str, dict[str, list[list[int]]]] = field(default_factory=dict)
+    """topic -> partition (as text) -> `[bucket_start_ms, smallest offset]` of the source-valid
+    events in each time bucket at or after the source's smallest W, in bucket order (empty
+    when unknown: then an incremental run re-reads from `rebuild_from`)."""
 
     def watermark(self, metric: str, version: str) -> int | None:
         """W of a metric, or None when the served cells are of another version (or none)."""
@@ -29,7 +34,8 @@ class ServedView:
 
 
 _SELECT = (
-    "SELECT generation, snapshot, watermarks, rebuild_from, versions FROM served_view WHERE id = 1"
+    "SELECT generation, snapshot, watermarks, rebuild_from, versions, rebuild_index "
+    "FROM served_view WHERE id = 1"
 )
 
 

@@ -130,6 +130,31 @@ def test_incremental_equals_full_and_oracle(platform: Platform, spark: Any) -> N
     assert all(len(totals) == 1 for totals in hammer.seen.values()), hammer.seen
 
 
+def test_incremental_without_a_served_rebuild_index_rereads_after_w(
+    platform: Platform, spark: Any
+) -> None:
+    """A served row published before the rebuild index existed: the incremental run re-reads
+    each partition from its `rebuild_from` once, and publishes what a full run would."""
+    settings = platform.settings
+    create_topics(settings)
+    now = int(time.time() * 1000) // MINUTE * MINUTE
+    produce_spec(settings, GeneratorSpec(now - 5 * HOUR, now - 2 * HOUR, 2000, seed=21))
+    _run(settings, RunRequest("full"), spark)
+    with connect(settings.postgres.url, autocommit=True) as conn:
+        conn.execute("UPDATE served_view SET rebuild_index = '{}'")
+    produce_spec(settings, GeneratorSpec(now - 2 * HOUR, now - HOUR, 800, seed=22))
+    incr, _ = _run(settings, RunRequest("incremental"), spark)
+    assert incr.mode == "incremental"
+    after_incremental, incr_cells = served_view(settings)
+    _run(settings, RunRequest("full"), spark)
+    after_full, full_cells = served_view(settings)
+    assert after_incremental is not None and after_full is not None
+    assert after_incremental.rebuild_index, "the incremental run publishes the index again"
+    assert after_incremental.rebuild_from == after_full.rebuild_from
+    assert after_incremental.rebuild_index == after_full.rebuild_index
+    assert same_cells(incr_cells, full_cells) == []
+
+
 def test_range_run_changes_only_its_range(platform: Platform, spark: Any) -> None:
     settings = platform.settings
     create_topics(settings)

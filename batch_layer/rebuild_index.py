@@ -1,0 +1,34 @@
+"""The rebuild index (rule 5): where the next `rebuild_from` can point, kept from run to run so
+an incremental run finds it from its new events alone (cost follows new data)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+RebuildIndex = dict[int, list[list[int]]]
+"""partition -> `[bucket_start_ms, smallest offset]` of the source-valid events in each time
+bucket at or after the source's smallest W, in bucket order."""
+
+
+def next_rebuild_index(
+    previous: Mapping[int, Sequence[Sequence[int]]],
+    found: Iterable[tuple[int, int, int]],
+    threshold: int | None,
+) -> RebuildIndex:
+    """Merge the previous index with the `(partition, bucket_start, smallest offset)` found
+    among the events read now, keeping the buckets at or after `threshold` (the new smallest W,
+    a bucket boundary; it never decreases, so the dropped buckets are never needed again).
+
+    Every event at or after the old W lies at or after the old `rebuild_from`, so an index kept
+    from run to run holds every event a later `rebuild_from` can point at (rule 5), and an
+    incremental run need not re-read the events after the old W."""
+    smallest: dict[tuple[int, int], int] = {}
+    entries = [(p, b, o) for p, pairs in previous.items() for b, o in pairs]
+    for partition, bucket, offset in [*entries, *found]:
+        if threshold is None or bucket >= threshold:
+            key = (partition, bucket)
+            smallest[key] = min(offset, smallest.get(key, offset))
+    index: RebuildIndex = {}
+    for (partition, bucket), offset in sorted(smallest.items()):
+        index.setdefault(partition, []).append([bucket, offset])
+    return index
