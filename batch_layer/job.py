@@ -206,10 +206,10 @@ def _execute(
     published = time.monotonic()
     served = plan.served
     versions = _versions(settings)
+    publication = Publication(
+        plan.snapshot, summary.watermarks, rebuild_from, versions, rebuild_index
+    )
     if plan.mode == "full":
-        publication = Publication(
-            plan.snapshot, summary.watermarks, rebuild_from, versions, rebuild_index
-        )
         summary.generation, summary.rows_out = publish_full_generation(
             conn,
             _cell_table(settings, results),
@@ -219,9 +219,6 @@ def _execute(
         )
     elif plan.mode == "incremental":
         assert served is not None
-        publication = Publication(
-            plan.snapshot, summary.watermarks, rebuild_from, versions, rebuild_index
-        )
         summary.generation = served.generation
         summary.rows_out = publish_incremental(
             conn,
