@@ -23,7 +23,6 @@ class SourceResult:
 
     cells: pa.Table
     ids: pa.Table
-    stream_times: dict[int, int]
     rebuild_from: dict[int, int]
     """partition -> smallest offset whose event time is >= the source's smallest new W."""
     rebuild_index: RebuildIndex
@@ -345,7 +344,6 @@ def aggregate_source(
         return SourceResult(
             cells=cells,
             ids=ids_table,
-            stream_times=stream_times,
             rebuild_from=rebuild_from,
             rebuild_index=rebuild_index,
             rows_in=sum(row["rows_in"] for row in summary),
