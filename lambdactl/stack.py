@@ -299,14 +299,14 @@ def _ensure_process(
     pid = _managed_pid(dirs, name, marker)
     where = _where(dirs.data(name), dirs.log(name))
     error = probe()
+    if error is not None and pid is not None:  # ours: it may still be starting
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while error is not None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            error = probe()
     if error is None:
         return _describe(name, url, True, pid, where, note="already running; ")
     if pid is not None:
-        deadline = time.monotonic() + START_TIMEOUT_S  # it may still be starting
-        while (error := probe()) is not None and time.monotonic() < deadline:
-            time.sleep(0.5)
-        if error is None:
-            return _describe(name, url, True, pid, where, note="already running; ")
         raise ServiceUnavailableError(
             f"{name} (pid {pid}, started by lambdactl) does not answer at {_redact(url)}: {error}. "
             f"See {dirs.log(name)}, then run `lambdactl stack down` and `lambdactl stack up`"
