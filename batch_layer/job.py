@@ -26,6 +26,7 @@ import orjson
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
+from psycopg import sql
 from psycopg.types.json import Jsonb
 from pyspark.sql import SparkSession
 
@@ -34,6 +35,7 @@ from batch_layer.kafka_source import plan_slices
 from batch_layer.progress import SPARK_SHARE, RunProgress
 from batch_layer.publish import (
     Publication,
+    copy_csv,
     publish_full_generation,
     publish_incremental,
     publish_range,
@@ -347,9 +349,11 @@ def _id_lookup(postgres_url: str, source: str) -> IdLookup:
     def lookup(candidates: pa.Table) -> pa.Table:
         with connect(postgres_url) as conn:
             conn.execute("CREATE TEMP TABLE probe_ids (event_id text) ON COMMIT DROP")
-            with conn.cursor().copy("COPY probe_ids (event_id) FROM STDIN") as copy:
-                for event_id in candidates.column("event_id").to_pylist():
-                    copy.write_row((event_id,))
+            copy_csv(
+                conn,
+                sql.SQL("COPY probe_ids (event_id) FROM STDIN (FORMAT csv)"),
+                candidates.select(["event_id"]).to_batches(200_000),
+            )
             rows = conn.execute(
                 "SELECT p.event_id FROM probe_ids p JOIN dedup_ids d "
                 "ON d.source = %s AND d.event_id = p.event_id",

@@ -107,14 +107,11 @@ def _load_cells(
     per-row Python; measured ~2 s less than row by row for 66k cells), rows as given."""
     columns = sql.SQL(_CELL_COLUMNS)
     if isinstance(cells, pa.Table):
-        options = pacsv.WriteOptions(include_header=False, quoting_style="all_valid")
-        with conn.cursor().copy(
-            sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(table, columns)
-        ) as copy:
-            for batch in cells.to_batches(max_chunksize=50_000):
-                sink = io.BytesIO()
-                pacsv.write_csv(_cells_as_text(batch, generation), sink, write_options=options)
-                copy.write(sink.getvalue())
+        copy_csv(
+            conn,
+            sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(table, columns),
+            (_cells_as_text(batch, generation) for batch in cells.to_batches(50_000)),
+        )
         return cells.num_rows
     written = 0
     with conn.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN").format(table, columns)) as copy:
@@ -181,12 +178,23 @@ def copy_ids(
 ) -> None:
     """COPY (source, event_id, partition, offset) rows as CSV written by Arrow (no per-row
     Python); every value is quoted, so an empty id stays an empty string, never NULL."""
-    ids = _ids_table(ids)
+    copy_csv(
+        conn,
+        sql.SQL('COPY dedup_ids (source, event_id, partition, "offset") FROM STDIN (FORMAT csv)'),
+        _ids_table(ids).to_batches(200_000),
+    )
+
+
+def copy_csv(
+    conn: psycopg.Connection[Any],
+    statement: sql.SQL | sql.Composed,
+    batches: Iterable[pa.RecordBatch | pa.Table],
+) -> None:
+    """Run a `COPY ... FROM STDIN (FORMAT csv)` fed with Arrow data written as CSV by Arrow
+    (no per-row Python). Every value is quoted, so an empty text stays empty, never NULL."""
     options = pacsv.WriteOptions(include_header=False, quoting_style="all_valid")
-    with conn.cursor().copy(
-        'COPY dedup_ids (source, event_id, partition, "offset") FROM STDIN (FORMAT csv)'
-    ) as copy:
-        for batch in ids.to_batches(max_chunksize=200_000):
+    with conn.cursor().copy(statement) as copy:
+        for batch in batches:
             sink = io.BytesIO()
             pacsv.write_csv(batch, sink, write_options=options)
             copy.write(sink.getvalue())
