@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from batch_layer.decode import InputLayout
 from batch_layer.rebuild_index import RebuildIndex, next_rebuild_index
 from shared.aggregates import HLL_LG_K
 from shared.config import MetricConfig, SourceConfig
@@ -38,15 +39,23 @@ _PLAIN = ("count", "sum", "min", "max")
 
 def metric_inputs(events: DataFrame, metrics: list[MetricConfig]) -> DataFrame:
     """(metric, base window, time, key, value, distincts) of every event each metric uses:
-    one row per (event, metric), generated from one scan of the events."""
+    one row per (event, metric), generated from one scan of the events (whose columns are
+    laid out by `InputLayout`)."""
+    layout = InputLayout.of(metrics)
+
+    def texts(names: Sequence[str]) -> Column:
+        return F.array(*[F.col(layout.text_column(name)) for name in names]).cast("array<string>")
+
     per_metric = F.array(
         *[
             F.struct(
                 F.lit(m.name).alias("metric"),
                 F.lit(m.base_window).cast("bigint").alias("window_ms"),
-                F.col(f"k{i}").alias("key"),
-                F.col(f"v{i}").alias("value"),
-                F.col(f"d{i}").alias("distincts"),
+                texts(m.key).alias("key"),
+                (F.lit(None) if m.value is None else F.col(layout.number_column(m.value)))
+                .cast("double")
+                .alias("value"),
+                texts(m.distinct_fields).alias("distincts"),
                 F.col(f"s{i}").alias("skipped"),
             )
             for i, m in enumerate(metrics)
@@ -195,12 +204,12 @@ def _first_copies(valid: DataFrame) -> pa.Table:
     pairs = valid.where(F.col("event_id").isNotNull()).select("event_id", "partition", "offset")
     table = pairs.toArrow()
     keys = [("event_id", "ascending"), ("partition", "ascending"), ("offset", "ascending")]
-    table = table.take(pc.sort_indices(table, sort_keys=keys))
-    ids = table.column("event_id").combine_chunks()
+    order = pc.sort_indices(table, sort_keys=keys)
+    ids = table.column("event_id").take(order).combine_chunks()
     first = np.ones(len(ids), bool)
     first[1:] = pc.not_equal(ids[1:], ids[:-1]).to_numpy(zero_copy_only=False)
     starts = np.flatnonzero(first)
-    firsts = table.take(pa.array(starts))
+    firsts = table.take(order.take(pa.array(starts)))
     return pa.table(
         {
             "partition": firsts.column("partition").cast(pa.int32()),

@@ -17,9 +17,10 @@ Example::
             .option("source", source.model_dump_json()).option("metrics", metrics_json)
             .option("slices", json.dumps(plan_slices({}, ends, 250_000))).load())
 
-Each record gives one row (`batch_layer.decode.arrow_schema`): partition, offset, time_ms,
-event_id and the malformed reason, then per metric i (in the order of the `metrics` option) its
-key `k<i>`, value `v<i>` and distinct values `d<i>`, or the reason `s<i>` it skips the event.
+Each record gives one row (`batch_layer.decode.InputLayout`): partition, offset, time_ms,
+event_id and the malformed reason, then one column per field the metrics read (the canonical
+text `t<j>` of a dimension or distinct field, the number `n<j>` of a value field), then per
+metric i (in the order of the `metrics` option) the reason `s<i>` it skips the event.
 Slices are read with `isolation.level=read_committed`
 and end when the consumer's position reaches the end offset (transaction markers take offsets
 too), never by counting records.
@@ -30,7 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -40,7 +41,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from batch_layer.decode import Decoder, schema_ddl
+from batch_layer.decode import Decoder, InputLayout
+from shared.config import MetricConfig, SourceConfig
 from shared.gc_tuning import collector_paused
 
 log = logging.getLogger(__name__)
@@ -80,7 +82,7 @@ class KafkaMetricInputs(DataSource):
         return "lambda_kafka"
 
     def schema(self) -> str:
-        return schema_ddl(len(orjson.loads(self.options["metrics"])))
+        return InputLayout.of(_metrics(self.options)).ddl()
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return _Reader(dict(self.options))
@@ -94,13 +96,12 @@ class _Reader(DataSourceReader):
         return [Slice(*s) for s in orjson.loads(self.options["slices"])]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        from shared.config import MetricConfig, SourceConfig  # executor-side import
-
         if not isinstance(partition, Slice):
             return  # no slices (nothing new to read): Spark still reads one default partition
         source = SourceConfig.model_validate_json(self.options["source"])
-        metrics = [MetricConfig.model_validate(m) for m in orjson.loads(self.options["metrics"])]
-        decoder = Decoder(source, metrics, fast=self.options.get("fast_path", "true") == "true")
+        decoder = Decoder(
+            source, _metrics(self.options), fast=self.options.get("fast_path", "true") == "true"
+        )
         offsets: list[int] = []
         create_times: list[int] = []
         values: list[bytes | None] = []
@@ -120,6 +121,10 @@ class _Reader(DataSourceReader):
                     del create_times[:_RECORDS_PER_BLOCK]
                     del values[:_RECORDS_PER_BLOCK]
             yield from decoder.decode(partition.partition, offsets, create_times, values)
+
+
+def _metrics(options: Mapping[str, str]) -> list[MetricConfig]:
+    return [MetricConfig.model_validate(m) for m in orjson.loads(options["metrics"])]
 
 
 @dataclass
