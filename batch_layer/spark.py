@@ -22,7 +22,11 @@ def spark_session(settings: Settings) -> SparkSession:
 
     The HLL aggregations run in Spark's object hash aggregate, which by default falls back
     to sorting after 128 groups per task; a base-cell aggregation has thousands per task
-    (65,536 keeps the worst case, every sketch in full HLL mode, near 256 MB per task)."""
+    (65,536 keeps the worst case, every sketch in full HLL mode, near 256 MB per task).
+
+    The run's decoded events are cached uncompressed: measured on 10M events, compressing
+    the columnar cache cost ~8 s of the ~28 s read (the encoders' statistics pass over every
+    value) for 444 MB against 677 MB of cache."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = (
@@ -35,6 +39,7 @@ def spark_session(settings: Settings) -> SparkSession:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.objectHashAggregate.sortBased.fallbackThreshold", "65536")
+        .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
     )
     for key, value in settings.spark.conf.items():
         builder = builder.config(key, value)
