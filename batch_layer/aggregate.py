@@ -273,6 +273,7 @@ def aggregate_source(
     fresh_from: Mapping[int, int] | None = None,
     previous_index: Mapping[int, Sequence[Sequence[int]]] | None = None,
     seen_ids: IdLookup | None = None,
+    ids_known: Callable[[pa.Table], None] | None = None,
     time_range: tuple[int, int] | None = None,
 ) -> SourceResult:
     """De-dup, count and aggregate one source's metric-input rows.
@@ -288,6 +289,9 @@ def aggregate_source(
     metrics; records from there on are where a speed rebuild starts (rule 5). `bucket_ms`
     divides every W of the source (the greatest common divisor of its base windows): the
     rebuild index's bucket size.
+
+    `ids_known`, if given, receives the new ids (as `SourceResult.ids`) as soon as they are
+    known, before the cells are computed (a full run loads them meanwhile).
 
     Incremental runs pass `fresh_from` (partition -> first offset an earlier run has not read;
     rows before it, if any, are read only to find `rebuild_from`), `previous_index` (the served
@@ -342,6 +346,8 @@ def aggregate_source(
                 known = pc.is_in(ids_table.column("event_id"), value_set=seen.column("event_id"))
                 ids_table = ids_table.filter(pc.invert(known))
             events = _without_dropped(events, _dropped_copies(firsts, seen))
+        if ids_known is not None:
+            ids_known(ids_table)
         if time_range is not None:
             events = events.where(
                 (F.col("time_ms") >= F.lit(time_range[0]))

@@ -17,9 +17,10 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import orjson
@@ -34,9 +35,10 @@ from batch_layer.aggregate import IdLookup, SourceResult, aggregate_source
 from batch_layer.kafka_source import plan_slices
 from batch_layer.progress import SPARK_SHARE, RunProgress
 from batch_layer.publish import (
+    FullGeneration,
     Publication,
     copy_csv,
-    publish_full_generation,
+    drop_old_generations,
     publish_incremental,
     publish_range,
 )
@@ -195,30 +197,36 @@ def _execute(
     results: list[tuple[SourceConfig, SourceResult]] = []
     rebuild_from: dict[str, dict[str, int]] = {}
     rebuild_index: dict[str, dict[str, list[list[int]]]] = {}
-    for source in settings.sources:
-        result = _read_and_aggregate(settings, spark, source, plan, summary)
-        results.append((source, result))
-        rebuild_from[source.topic] = {
-            str(p): result.rebuild_from.get(p, end)
-            for p, end in ((int(k), v) for k, v in plan.snapshot[source.topic].items())
-        }
-        rebuild_index[source.topic] = {str(p): v for p, v in result.rebuild_index.items()}
-    progress.floor(SPARK_SHARE)
-    summary.timings["read_aggregate_s"] = time.monotonic() - began - summary.timings["snapshot_s"]
-    published = time.monotonic()
-    served = plan.served
-    versions = _versions(settings)
-    publication = Publication(
-        plan.snapshot, summary.watermarks, rebuild_from, versions, rebuild_index
-    )
-    if plan.mode == "full":
-        summary.generation, summary.rows_out = publish_full_generation(
-            conn,
-            _cell_table(settings, results),
-            _id_rows(results),
-            [s.name for s, _ in results],
-            publication,
+    full = FullGeneration(conn, [s.name for s in settings.sources]) if plan.mode == "full" else None
+    with full or nullcontext():
+        for i, source in enumerate(settings.sources):
+            ids_known = None
+            if full is not None:
+                last = i == len(settings.sources) - 1
+                ids_known = partial(_load_ids, full, source, last=last)
+            result = _read_and_aggregate(settings, spark, source, plan, summary, ids_known)
+            results.append((source, result))
+            rebuild_from[source.topic] = {
+                str(p): result.rebuild_from.get(p, end)
+                for p, end in ((int(k), v) for k, v in plan.snapshot[source.topic].items())
+            }
+            rebuild_index[source.topic] = {str(p): v for p, v in result.rebuild_index.items()}
+        progress.floor(SPARK_SHARE)
+        summary.timings["read_aggregate_s"] = (
+            time.monotonic() - began - summary.timings["snapshot_s"]
         )
+        published = time.monotonic()
+        served = plan.served
+        versions = _versions(settings)
+        publication = Publication(
+            plan.snapshot, summary.watermarks, rebuild_from, versions, rebuild_index
+        )
+        if full is not None:
+            summary.generation, summary.rows_out = full.publish(
+                _cell_table(settings, results), publication
+            )
+    if full is not None:
+        drop_old_generations(conn)
     elif plan.mode == "incremental":
         assert served is not None
         summary.generation = served.generation
@@ -280,6 +288,7 @@ def _read_and_aggregate(
     source: SourceConfig,
     plan: _Plan,
     summary: RunSummary,
+    ids_known: Callable[[pa.Table], None] | None,
 ) -> SourceResult:
     metrics = list(settings.metrics_of(source))
     served = plan.served
@@ -334,6 +343,7 @@ def _read_and_aggregate(
         fresh_from=fresh_from,
         previous_index=previous_index,
         seen_ids=seen_ids,
+        ids_known=ids_known,
         time_range=plan.time_range,
     )
     summary.rows_in += result.rows_in
@@ -446,19 +456,25 @@ def _in_ranges(
             yield cell
 
 
+def _source_ids(source: SourceConfig, ids: pa.Table) -> pa.Table:
+    """(source, event_id, partition, offset) of one source's new ids."""
+    return pa.table(
+        {
+            "source": pa.repeat(pa.scalar(source.name, pa.string()), ids.num_rows),
+            "event_id": ids.column("event_id"),
+            "partition": ids.column("partition"),
+            "offset": ids.column("offset"),
+        }
+    )
+
+
+def _load_ids(full: FullGeneration, source: SourceConfig, ids: pa.Table, *, last: bool) -> None:
+    full.add_ids(_source_ids(source, ids), last=last)
+
+
 def _id_rows(results: list[tuple[SourceConfig, SourceResult]]) -> pa.Table:
     """(source, event_id, partition, offset) of every source's new ids."""
-    tables = [
-        pa.table(
-            {
-                "source": pa.repeat(pa.scalar(source.name, pa.string()), result.ids.num_rows),
-                "event_id": result.ids.column("event_id"),
-                "partition": result.ids.column("partition"),
-                "offset": result.ids.column("offset"),
-            }
-        )
-        for source, result in results
-    ]
+    tables = [_source_ids(source, result.ids) for source, result in results]
     if not tables:
         return pa.table({"source": [], "event_id": [], "partition": [], "offset": []})
     return pa.concat_tables(tables)
