@@ -11,7 +11,6 @@ import io
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from itertools import pairwise
 from types import TracebackType
 from typing import Any
 
@@ -160,17 +159,21 @@ def publish_full_generation(
 
 
 def _holds_other_sources(conn: psycopg.Connection[Any], sources: list[str]) -> bool:
-    """Whether the id table holds ids of a source not in `sources`: one probe of the key per
-    gap between them (a scan for `source <> ALL(...)` reads every id: 0.5 s for 10M)."""
-    bounds: list[str | None] = [None, *sorted(set(sources)), None]
-    for low, high in pairwise(bounds):
-        query = "SELECT 1 FROM dedup_ids WHERE " + " AND ".join(
-            ["source > %s"] * (low is not None) + ["source < %s"] * (high is not None) or ["true"]
+    """Whether the id table holds ids of a source not in `sources`. Its sources are listed by
+    a loose index scan of the key (one `min` per source; a scan for `source <> ALL(...)`
+    reads every id: 0.5 s for 10M, and so did a `LIMIT 1` probe the planner ran as a scan)."""
+    held = conn.execute(
+        """
+        WITH RECURSIVE held AS (
+            SELECT min(source) AS source FROM dedup_ids
+            UNION ALL
+            SELECT (SELECT min(source) FROM dedup_ids WHERE source > held.source)
+            FROM held WHERE held.source IS NOT NULL
         )
-        params = [b for b in (low, high) if b is not None]
-        if conn.execute(query + " LIMIT 1", params).fetchone() is not None:
-            return True
-    return False
+        SELECT source FROM held WHERE source IS NOT NULL
+        """
+    ).fetchall()
+    return any(source not in sources for (source,) in held)
 
 
 def _ids_table(ids: pa.Table | Iterable[tuple[str, str, int, int]]) -> pa.Table:

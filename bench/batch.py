@@ -41,7 +41,7 @@ from shared.db.connect import connect
 from shared.db.migrate import upgrade
 from shared.db.runs import RunRequest, queue_run
 from shared.kafka import admin_client, create_topics
-from tests.conftest import platform_config
+from tests.conftest import drop_database, platform_config
 
 HOUR = 3_600_000
 PYTHON_WORKER_IDLE_S = 65.0
@@ -90,18 +90,14 @@ def make_world(base: Settings, tag: str) -> World:
 
 
 def drop_world(base: Settings, world: World) -> None:
-    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(world.dbname))
-    with psycopg.connect(base.postgres.url, autocommit=True) as admin:
-        for _ in range(60):  # FORCE cannot end an autovacuum worker without superuser: wait
-            try:
-                admin.execute(drop)
-                break
-            except psycopg.errors.InsufficientPrivilege:
-                wait_for_autovacuum(base, world.dbname)
-        else:
-            print(f"database {world.dbname} left behind: drop it by hand", flush=True)
+    try:
+        drop_database(base.postgres.url, world.dbname)
+    except psycopg.Error as exc:
+        print(f"database {world.dbname} left behind ({exc}): drop it by hand", flush=True)
     source = world.settings.sources[0]
-    admin_client(base).delete_topics([source.topic, source.dlq_topic, source.late_topic])
+    topics = [source.topic, source.dlq_topic, source.late_topic]
+    for future in admin_client(base).delete_topics(topics, operation_timeout=30).values():
+        future.result()  # unawaited, the request died with the process: the topics stayed
 
 
 def fill(world: World, start_ms: int, end_ms: int, events: int, seed: int) -> float:

@@ -10,6 +10,7 @@ and a consumer group, written to a YAML file that subprocesses read via `LAMBDA_
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -118,10 +119,24 @@ def platform(stack: Settings, tmp_path: Path) -> Iterator[Platform]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAMBDA_")}
     env["LAMBDA_CONFIG"] = str(config_path)
     yield Platform(Settings(**config), config, config_path, env)
-    with psycopg.connect(stack.postgres.url, autocommit=True) as admin:
-        admin.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname))
-        )
+    drop_database(stack.postgres.url, dbname)
+
+
+def drop_database(url: str, dbname: str, limit_s: float = 300.0) -> None:
+    """`DROP DATABASE ... WITH (FORCE)`, retried while an autovacuum worker is in it: FORCE
+    cannot end one without superuser, which the local stack's role is not (a test's writes
+    can set autovacuum going in its database within a second)."""
+    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname))
+    deadline = time.monotonic() + limit_s
+    with psycopg.connect(url, autocommit=True) as admin:
+        while True:
+            try:
+                admin.execute(drop)
+                return
+            except psycopg.errors.InsufficientPrivilege:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
 
 @pytest.fixture(scope="session")
