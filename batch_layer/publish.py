@@ -318,7 +318,7 @@ def _in_key_order(ids: pa.Table | Iterable[tuple[str, str, int, int]]) -> pa.Tab
         return table.take(pc.sort_indices(table, sort_keys=keys))
     event_ids = table.column("event_id")
     if len(event_ids) < 2 or pc.all(pc.less_equal(event_ids[:-1], event_ids[1:])).as_py():
-        return table  # a run's ids arrive sorted (`aggregate._first_copies`)
+        return table  # a run's ids arrive sorted (`aggregate._copies`)
     return table.take(pc.sort_indices(event_ids))
 
 
