@@ -96,8 +96,9 @@ def drop_world(base: Settings, world: World) -> None:
         print(f"database {world.dbname} left behind ({exc}): drop it by hand", flush=True)
     source = world.settings.sources[0]
     topics = [source.topic, source.dlq_topic, source.late_topic]
-    for future in admin_client(base).delete_topics(topics, operation_timeout=30).values():
-        future.result()  # unawaited, the request died with the process: the topics stayed
+    admin = admin_client(base)  # held until the deletions are done: its end cancels them
+    for future in admin.delete_topics(topics, operation_timeout=30).values():
+        future.result()
 
 
 def fill(world: World, start_ms: int, end_ms: int, events: int, seed: int) -> float:
