@@ -7,6 +7,7 @@ the served row, also in one transaction. A failed run rolls back and changes not
 
 from __future__ import annotations
 
+import contextlib
 import io
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -73,8 +74,9 @@ class FullGeneration:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc is not None:
-            self.conn.cancel()  # a failed run does not wait for a load it will roll back
+        if exc is not None:  # a failed run does not wait for a load it will roll back
+            with contextlib.suppress(psycopg.Error):  # (nor fails anew on a broken connection)
+                self.conn.cancel_safe(timeout=10)
         self._worker.shutdown(wait=True, cancel_futures=exc is not None)
         if exc is None and not self._published:
             exc_type, exc = psycopg.Rollback, psycopg.Rollback()
