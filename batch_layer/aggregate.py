@@ -198,6 +198,8 @@ _POSITION_BITS = 40
 """A copy's position packed as `partition << 40 | offset`, one bigint: Spark joins on it with
 its long-keyed hash map (measured at 10M events: a join on the `event_id` text was ~18% of the
 cells stage's JVM samples)."""
+_PARTITION_BITS = 22
+"""Partitions a position packs (the packed value stays a positive bigint)."""
 
 
 @dataclass
@@ -238,10 +240,10 @@ def _copies(valid: DataFrame) -> _Copies:
 def _positions(copies: pa.Table) -> np.ndarray:
     partitions = copies.column("partition").to_numpy().astype(np.int64)
     offsets = copies.column("offset").to_numpy().astype(np.int64)
-    if len(offsets) and (offsets.max() >> _POSITION_BITS or partitions.max() >> 22):
+    if len(offsets) and (offsets.max() >> _POSITION_BITS or partitions.max() >> _PARTITION_BITS):
         raise ValueError(
             f"a copy at partition {partitions.max()} / offset {offsets.max()} is past what a "
-            f"position packs (2**22 partitions, 2**{_POSITION_BITS} offsets)"
+            f"position packs (2**{_PARTITION_BITS} partitions, 2**{_POSITION_BITS} offsets)"
         )
     return (partitions << _POSITION_BITS) | offsets
 
