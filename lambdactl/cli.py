@@ -17,7 +17,7 @@ app = typer.Typer(
     help="Lambda platform: speed (Faust/Redis), batch (Spark/PostgreSQL), serving.",
     no_args_is_help=True,
 )
-stack_app = typer.Typer(help="The local stack: Kafka-protocol broker, Redis, PostgreSQL.")
+stack_app = typer.Typer(help="The local stack: Apache Kafka, Redis, PostgreSQL.")
 topics_app = typer.Typer(help="Source, .dlq and .late topics.")
 db_app = typer.Typer(help="The PostgreSQL schema.")
 batch_app = typer.Typer(help="Batch recomputes.")
@@ -42,19 +42,37 @@ def _settings() -> Settings:
         raise typer.Exit(2) from exc
 
 
+class ServiceName(StrEnum):
+    kafka = "kafka"
+    redis = "redis"
+    postgres = "postgres"
+
+
+ServicesArgument = Annotated[
+    list[ServiceName] | None, typer.Argument(help="only these services (default: all)")
+]
+
+
+def _services(chosen: list[ServiceName] | None) -> tuple[str, ...]:
+    return tuple(s.value for s in chosen) if chosen else stack.SERVICES
+
+
 @stack_app.command("up")
-def stack_up() -> None:
+def stack_up(services: ServicesArgument = None) -> None:
     """Start what is not already reachable, then apply the schema and create the topics."""
     settings = _settings()
-    console.print(stack.render_states(stack.stack_up(settings)))
-    db_upgrade()
-    topics_create()
+    wanted = _services(services)
+    console.print(stack.render_states(stack.stack_up(settings, wanted)))
+    if "postgres" in wanted:
+        db_upgrade()
+    if "kafka" in wanted:
+        topics_create()
 
 
 @stack_app.command("down")
-def stack_down() -> None:
+def stack_down(services: ServicesArgument = None) -> None:
     """Stop what `stack up` started (data stays)."""
-    console.print(stack.render_states(stack.stack_down(_settings())))
+    console.print(stack.render_states(stack.stack_down(_settings(), _services(services))))
 
 
 @stack_app.command("status")
@@ -196,7 +214,7 @@ def demo(
     """Stack up, history, a batch run, a speed worker, the API, and live events until Ctrl-C."""
     from lambdactl.demo import DemoOptions, run_demo
 
-    stack_up()
+    stack_up(None)
     try:
         run_demo(_settings(), DemoOptions(history, rate, batch_every, duration), console)
     except KeyboardInterrupt:

@@ -1,4 +1,4 @@
-"""The local stack behind `lambdactl stack up|down|status`: Kafka (noida-db), Redis, PostgreSQL.
+"""The local stack behind `lambdactl stack up|down|status`: Apache Kafka, Redis, PostgreSQL.
 
 Services already answering at the configured URLs are used as they are (DESIGN.md,
 "Components"); only missing ones are started, and only on this machine's loopback address. What
@@ -15,6 +15,10 @@ The path is shown in the service's detail. The server listens on TCP only (no un
 socket needs a directory the postgres user can write and a path under 107 bytes, and every
 client here uses TCP anyway. Authentication is `trust` on loopback; the role and database of
 the configured URL are created on first start.
+
+Kafka is Apache Kafka itself, one KRaft node run by the JVM from jars that Maven resolves by
+pinned coordinates (`lambdactl/kafka_broker.py`); Maven and Java come from Debian's packages
+when missing.
 
 Linux only: liveness is read from `/proc`, packages come from Debian's apt.
 """
@@ -33,7 +37,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -48,6 +51,7 @@ from confluent_kafka.admin import AdminClient
 from psycopg import sql
 from rich.table import Table
 
+from lambdactl import kafka_broker
 from shared.config import Settings
 from shared.errors import ServiceUnavailableError
 
@@ -57,6 +61,9 @@ MIN_JAVA = 17
 MIN_POSTGRES = 15
 DEBIAN_POSTGRES = Path("/usr/lib/postgresql")
 PG_SETTINGS = "-c max_connections=200"
+SERVICES = ("kafka", "redis", "postgres")
+MARKERS = {"kafka": kafka_broker.MAIN_CLASS, "redis": "redis-server"}
+"""What a managed process's command line names (a pid file may outlive its process)."""
 
 
 @dataclass(frozen=True)
@@ -101,39 +108,42 @@ class _PgLayout:
     relocated: bool
 
 
-def stack_up(settings: Settings) -> list[ServiceState]:
-    """Make Kafka, Redis and PostgreSQL answer at the configured URLs; safe to call repeatedly."""
+def stack_up(settings: Settings, services: tuple[str, ...] = SERVICES) -> list[ServiceState]:
+    """Make the services answer at the configured URLs; safe to call repeatedly."""
     java = _java_state(install=True)
     dirs = _Dirs.of(settings)
     for path in (dirs.root, dirs.run, dirs.logs):
         path.mkdir(parents=True, exist_ok=True)
+    starters = {"kafka": _kafka_up, "redis": _redis_up, "postgres": _postgres_up}
     with _locked(dirs):
-        return [
-            _kafka_up(settings, dirs),
-            _redis_up(settings, dirs),
-            _postgres_up(settings, dirs),
-            java,
-        ]
+        return [*(starters[name](settings, dirs) for name in services), java]
 
 
-def stack_down(settings: Settings) -> list[ServiceState]:
+def stack_down(settings: Settings, services: tuple[str, ...] = SERVICES) -> list[ServiceState]:
     """Stop what `stack_up` started (never a service it found running); the data stays."""
     dirs = _Dirs.of(settings)
     if dirs.root.is_dir():
         with _locked(dirs):
-            for service, marker in (("kafka", "noida-db"), ("redis", "redis-server")):
+            for service in services:
+                if service == "postgres":
+                    _postgres_down(dirs)
+                    continue
+                marker = MARKERS[service]
                 pid = _managed_pid(dirs, service, marker)
                 if pid is not None and not _stop_group(pid, marker):
                     raise ServiceUnavailableError(
                         f"{service} (pid {pid}) survived SIGKILL; check `ps -p {pid}`"
                     )
                 dirs.pid_file(service).unlink(missing_ok=True)
-            layout = _pg_layout(dirs)
-            if _postmaster_pid(layout.cluster) is not None:
-                pg_ctl = _pg_bindir(layout.cluster, install=False) / "pg_ctl"
-                stop = [str(pg_ctl), "-D", str(layout.cluster), "-m", "fast", "-w", "stop"]
-                _run(_as_postgres(stop), "pg_ctl stop", layout.log)
     return _service_states(settings)
+
+
+def _postgres_down(dirs: _Dirs) -> None:
+    layout = _pg_layout(dirs)
+    if _postmaster_pid(layout.cluster) is not None:
+        pg_ctl = _pg_bindir(layout.cluster, install=False) / "pg_ctl"
+        stop = [str(pg_ctl), "-D", str(layout.cluster), "-m", "fast", "-w", "stop"]
+        _run(_as_postgres(stop), "pg_ctl stop", layout.log)
 
 
 def stack_status(settings: Settings) -> list[ServiceState]:
@@ -158,8 +168,8 @@ def render_states(states: list[ServiceState]) -> Table:
 def _service_states(settings: Settings) -> list[ServiceState]:
     dirs = _Dirs.of(settings)
     host, port = _kafka_address(settings)
-    kafka_pid = _managed_pid(dirs, "kafka", "noida-db")
-    redis_pid = _managed_pid(dirs, "redis", "redis-server")
+    kafka_pid = _managed_pid(dirs, "kafka", MARKERS["kafka"])
+    redis_pid = _managed_pid(dirs, "redis", MARKERS["redis"])
     layout = _pg_layout(dirs)
     return [
         _describe(
@@ -219,18 +229,10 @@ def _kafka_up(settings: Settings, dirs: _Dirs) -> ServiceState:
         return _kafka_error(settings.kafka.bootstrap_servers, host, port)
 
     def command() -> list[str]:
-        return [
-            _noida_db(),
-            "start",
-            "--data-dir",
-            str(dirs.data("kafka")),
-            "--host",
-            _bind(host),
-            "--only",
-            "kafka",
-            "--kafka-port",
-            str(port),
-        ]
+        java = _java_version()
+        assert java is not None, "stack_up checks Java first"
+        jars = kafka_broker.classpath(_maven(), dirs.run)
+        return kafka_broker.broker_command(java[0], jars, dirs.data("kafka"), _bind(host), port)
 
     return _ensure_process(
         "kafka",
@@ -238,7 +240,7 @@ def _kafka_up(settings: Settings, dirs: _Dirs) -> ServiceState:
         host,
         port,
         "LAMBDA_KAFKA__BOOTSTRAP_SERVERS",
-        "noida-db",
+        MARKERS["kafka"],
         dirs,
         probe,
         command,
@@ -278,7 +280,7 @@ def _redis_up(settings: Settings, dirs: _Dirs) -> ServiceState:
         host,
         port,
         "LAMBDA_REDIS__URL",
-        "redis-server",
+        MARKERS["redis"],
         dirs,
         lambda: _redis_error(url),
         command,
@@ -357,7 +359,7 @@ def _spawn_and_wait(
 
 
 def _stop_group(pid: int, marker: str) -> bool:
-    """SIGTERM the process group (noida-db's wrapper has a native child), then SIGKILL."""
+    """SIGTERM the process group (Kafka shuts down in a controlled way), then SIGKILL."""
     for sig, grace in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 5)):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, sig)
@@ -372,8 +374,8 @@ def _stop_group(pid: int, marker: str) -> bool:
 
 
 def _group_alive(pgid: int) -> bool:
-    """Whether a live (non-zombie) process remains in the process group: noida-db's native
-    child outlives its wrapper while it writes its data out, and holds the port meanwhile."""
+    """Whether a live (non-zombie) process remains in the process group (a child of a managed
+    service may outlive it and still hold its port)."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rpartition(")")[2].split()
@@ -400,14 +402,18 @@ def _alive(pid: int, marker: str) -> bool:
         return False
 
 
-def _noida_db() -> str:
-    beside = Path(sys.executable).parent / "noida-db"
-    found = str(beside) if beside.exists() else shutil.which("noida-db")
+def _maven() -> str:
+    found = shutil.which("mvn")
     if found is None:
-        raise ServiceUnavailableError(
-            "noida-db is not installed: `pip install noida-db==0.2.3` into this environment, "
-            "or point LAMBDA_KAFKA__BOOTSTRAP_SERVERS at a running Kafka"
+        _apt_install(
+            "maven",
+            "Apache Maven is not installed, and the local Kafka's jars are resolved with it: "
+            "install it (e.g. `apt-get install maven`) or point LAMBDA_KAFKA__BOOTSTRAP_SERVERS "
+            "at a running Kafka",
         )
+        found = shutil.which("mvn")
+    if found is None:
+        raise ServiceUnavailableError("mvn is still missing after installing maven")
     return found
 
 
@@ -622,8 +628,8 @@ def _port_open(host: str, port: int) -> bool:
 
 
 def _kafka_error(bootstrap: str, host: str, port: int) -> str | None:
-    """None when the broker answers a metadata request. An open port is not enough: noida-db
-    accepts connections while it still loads its data dir, and answers nothing until done."""
+    """None when the broker answers a metadata request: an open port is not enough (a broker
+    may accept connections before it has registered, or the port may be another program's)."""
     if not _port_open(host, port):
         return f"nothing accepts connections on {host}:{port}"
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
@@ -736,13 +742,12 @@ def _run(
 
 
 def _tail(log: Path, lines: int = 20) -> str:
-    """The log's last lines, minus noida-db's harmless glibc 'weak version' warning."""
+    """The log's last lines."""
     try:
         text = log.read_text(errors="replace")
     except OSError:
         return "(no log)"
-    kept = [line for line in text.splitlines() if "weak version" not in line]
-    return "\n".join(kept[-lines:])
+    return "\n".join(text.splitlines()[-lines:])
 
 
 @contextlib.contextmanager

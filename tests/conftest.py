@@ -1,6 +1,6 @@
 """Fixtures for tests that need the real services.
 
-`stack` brings up the local stack (Kafka-protocol broker, Redis, PostgreSQL) exactly as
+`stack` brings up the local stack (Apache Kafka, Redis, PostgreSQL) exactly as
 `lambdactl stack up` does, or uses the services already reachable at the configured URLs; if
 that fails the test fails loudly — it never skips. `platform` gives each test its own world:
 a fresh PostgreSQL database with the schema, a flushed Redis database, uniquely named topics
@@ -51,6 +51,16 @@ class Platform:
     config_path: Path
     env: dict[str, str]
     """The environment a subprocess (`lambdactl ...`) needs to see this test's platform."""
+
+
+def reconfigured(platform: Platform, **sections: dict[str, Any]) -> Platform:
+    """The same platform with some config sections updated, in a config file of its own."""
+    config = dict(platform.config)
+    for name, values in sections.items():
+        config[name] = {**config.get(name, {}), **values}
+    path = platform.config_path.with_name(f"lambda-{uuid.uuid4().hex[:8]}.yaml")
+    path.write_text(yaml.safe_dump(config))
+    return Platform(Settings(**config), config, path, {**platform.env, "LAMBDA_CONFIG": str(path)})
 
 
 def _url_with_db(url: str, dbname: str) -> str:

@@ -3,8 +3,10 @@ so it neither meets nor disturbs a stack (or another engineer's broker) on the d
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -13,8 +15,10 @@ from pathlib import Path
 import psycopg
 import pytest
 import redis
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from lambdactl.kafka_broker import kafka_version
 from lambdactl.stack import ServiceState, stack_down, stack_status, stack_up
 from shared.config import Settings
 from shared.errors import ServiceUnavailableError
@@ -123,9 +127,68 @@ def test_up_is_idempotent_answers_and_down_stops_it(settings: Settings) -> None:
 
     restarted = _by_name(stack_up(settings))
     assert all(restarted[name].started_by_us for name in SERVICES)
-    assert "kept" in _topics(), "noida-db keeps topics across a restart"
+    assert "kept" in _topics(), "Kafka keeps topics across a restart"
     with psycopg.connect(POSTGRES) as conn:
         assert conn.execute("select 1").fetchone() == (1,)
+
+
+def test_kafka_is_apache_kafka_and_keeps_records_and_offsets_across_restarts(
+    settings: Settings,
+) -> None:
+    """One KRaft node from the pinned jars, heap <= 1 GB, data and log under the data dir;
+    records and a group's committed offsets survive `stack down`/`up` and a kill -9."""
+    (state,) = [s for s in stack_up(settings, ("kafka",)) if s.name == "kafka"]
+    match = re.search(r"\bpid (\d+)", state.detail)
+    assert match, state
+    pid = int(match.group(1))
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert b"kafka.Kafka" in cmdline and b"-Xmx1g" in cmdline
+    assert any(b"kafka_2.13-" + kafka_version().encode() in arg for arg in cmdline)
+    data = settings.stack.data_dir / "kafka"
+    assert (data / "meta.properties").exists()
+    log = (settings.stack.data_dir / "logs" / "kafka.log").read_text()
+    assert f"Kafka version: {kafka_version()}" in log
+
+    admin = AdminClient({"bootstrap.servers": KAFKA})
+    admin.create_topics([NewTopic("durable", 2, 1)])["durable"].result(timeout=10)
+    producer = Producer({"bootstrap.servers": KAFKA, "acks": "all"})
+    for i in range(100):
+        producer.produce("durable", str(i).encode(), partition=i % 2)
+    assert producer.flush(30) == 0
+    committed = [TopicPartition("durable", 0, 30), TopicPartition("durable", 1, 40)]
+    group = Consumer({"bootstrap.servers": KAFKA, "group.id": "durable-group"})
+    group.commit(offsets=committed, asynchronous=False)
+    group.close()
+
+    def survived() -> None:
+        probe = Consumer({"bootstrap.servers": KAFKA, "group.id": "durable-group"})
+        try:
+            parts = [TopicPartition("durable", p) for p in (0, 1)]
+            deadline = time.monotonic() + 30
+            while True:  # the group coordinator loads its offsets after a restart
+                try:
+                    got = probe.committed(parts, timeout=10)
+                    break
+                except KafkaException as exc:
+                    assert exc.args[0].retriable() and time.monotonic() < deadline, exc
+                    time.sleep(0.5)
+            assert [(tp.partition, tp.offset) for tp in got] == [(0, 30), (1, 40)]
+            ends = [probe.get_watermark_offsets(tp, timeout=10)[1] for tp in parts]
+            assert ends == [50, 50]
+        finally:
+            probe.close()
+
+    stack_down(settings, ("kafka",))
+    assert not _alive(pid)
+    stack_up(settings, ("kafka",))
+    survived()
+    (restarted,) = [s for s in stack_status(settings) if s.name == "kafka"]
+    match = re.search(r"\bpid (\d+)", restarted.detail)
+    assert match, restarted
+    os.kill(int(match.group(1)), signal.SIGKILL)
+    time.sleep(1.0)
+    stack_up(settings, ("kafka",))
+    survived()
 
 
 def test_services_found_running_are_used_and_never_stopped(
