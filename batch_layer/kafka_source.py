@@ -50,7 +50,6 @@ log = logging.getLogger(__name__)
 _RECORDS_PER_BLOCK = 65536
 _FETCH_RECORDS = 10_000
 _STALL_S = 30.0
-_MAX_RESPONSE_BYTES = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -148,9 +147,6 @@ def read_slice(bootstrap: str, topic: str, part: Slice) -> Iterator[Records]:
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "enable.partition.eof": False,
-            # Some brokers (noida-db) ignore the fetch size limits and answer a fetch with
-            # the partition's whole tail: accept responses up to librdkafka's maximum.
-            "receive.message.max.bytes": _MAX_RESPONSE_BYTES,
         }
     )
     try:

@@ -195,12 +195,10 @@ class SparkSettings(_Strict):
     master: str = "local[2]"
     driver_memory: str = "2g"
     shuffle_partitions: int = Field(default=8, ge=1)
-    max_offsets_per_slice: int = Field(default=4_000_000, ge=1)
-    """At most this many offsets per Spark input partition. The default reads a partition
-    whole up to 4M offsets (Spark's own Kafka source maps one Kafka partition to one Spark
-    partition): the local broker answers every fetch with the partition's whole tail, so each
-    extra slice of a partition re-sends the rest of it. Lower it when a source has fewer
-    partitions than the cluster has cores."""
+    max_offsets_per_slice: int = Field(default=1_000_000, ge=1)
+    """At most this many offsets per Spark input partition (a read task): a partition's range
+    is cut into equal slices, so a big partition keeps every core busy and a failed task
+    re-reads little."""
     conf: dict[str, str] = Field(default_factory=dict)
     """Extra Spark properties, e.g. `spark.executor.memory` for a cluster."""
     fast_path: bool = True
@@ -241,8 +239,7 @@ class SpeedSettings(_Strict):
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """Port of the worker's Prometheus `/metrics` endpoint; 0 = off."""
     rebalance_timeout_s: float = Field(default=20.0, gt=0)
-    """How long the group coordinator waits for members to rejoin; the noida-db broker
-    always waits this long when a member rejoins under a new member id."""
+    """How long the group coordinator waits for members to rejoin in a rebalance."""
     gil_switch_interval_s: float = Field(default=0.0005, gt=0)
     """`sys.setswitchinterval` of a worker: Faust's Kafka client runs in its own thread, and a
     shorter interval hands the GIL back to it sooner after each socket call."""
