@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import orjson
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, Producer
 
 PAGES = [f"/page/{i}" for i in range(40)] + ["/", "/search", "/cart", "/checkout"]
 
@@ -73,15 +73,22 @@ def generate(spec: GeneratorSpec) -> Iterator[SampleRecord]:
 
 
 def produce(bootstrap: str, topic: str, records: Iterator[SampleRecord]) -> int:
-    """Send with an idempotent producer keyed by event id (copies share a partition)."""
+    """Send with an idempotent producer keyed by event id (copies share a partition); fails
+    loudly when the broker refused any record (e.g. the topic does not exist)."""
     producer = Producer(
         {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20}
     )
+    failed: list[KafkaError] = []
+
+    def delivered(error: KafkaError | None, _message: object) -> None:
+        if error is not None:
+            failed.append(error)
+
     sent = 0
     for record in records:
         while True:
             try:
-                producer.produce(topic, key=record.key, value=record.value)
+                producer.produce(topic, key=record.key, value=record.value, on_delivery=delivered)
                 break
             except BufferError:
                 producer.poll(0.1)
@@ -91,4 +98,9 @@ def produce(bootstrap: str, topic: str, records: Iterator[SampleRecord]) -> int:
     remaining = producer.flush(60)
     if remaining:
         raise RuntimeError(f"{remaining} records were not delivered to {topic!r} within 60 s")
+    if failed:
+        raise RuntimeError(
+            f"{len(failed)} of {sent} records were refused by {topic!r}: {failed[0]} "
+            "(`lambdactl topics create` creates the configured topics)"
+        )
     return sent
