@@ -12,23 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import redis
-import yaml
 from confluent_kafka import Consumer, TopicPartition
 
-from shared.config import Settings
 from shared.speed_store import REBUILDING_KEY, fence_key
 from tests import oracle
-from tests.conftest import Platform
+from tests.conftest import Platform, reconfigured
 from tests.views import speed_view_cells
 
 
 def with_speed(platform: Platform, **speed: Any) -> Platform:
     """The same platform with extra `speed:` settings, in a config file of its own."""
-    config = {**platform.config, "speed": {**platform.config["speed"], **speed}}
-    path = platform.config_path.with_name(f"lambda-{len(speed)}-{time.monotonic_ns()}.yaml")
-    path.write_text(yaml.safe_dump(config))
-    env = {**platform.env, "LAMBDA_CONFIG": str(path)}
-    return Platform(Settings(**config), config, path, env)
+    return reconfigured(platform, speed=speed)
 
 
 def start_worker(
