@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
@@ -59,8 +60,32 @@ def create_topics(settings: Settings) -> list[str]:
             except KafkaException as exc:
                 if "TOPIC_ALREADY_EXISTS" not in str(exc):
                     raise
+        _wait_for_leaders(admin, [spec.name for spec in missing])
     check_topics(settings)
     return [spec.name for spec in missing]
+
+
+def _wait_for_leaders(admin: AdminClient, topics: list[str], timeout_s: float = 30.0) -> None:
+    """A created topic is usable once every partition has a leader: the controller answers
+    the create before the brokers' metadata shows it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        metadata = admin.list_topics(timeout=10).topics
+        waiting = [
+            name
+            for name in topics
+            if name not in metadata
+            or metadata[name].error is not None
+            or any(p.leader < 0 for p in metadata[name].partitions.values())
+        ]
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            raise ServiceUnavailableError(
+                f"topics {waiting} were created but have no leader after {timeout_s:.0f} s; "
+                "check the brokers (`lambdactl stack status`, the broker log)"
+            )
+        time.sleep(0.1)
 
 
 def check_topics(settings: Settings) -> None:

@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
+import json
+import queue
+import subprocess
+import sys
+import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 POLL_S = 0.2
+CLIENTS_SCRIPT = Path(__file__).with_name("_clients.py")
+
+T = TypeVar("T")
 
 #: ``create_topic(partitions=1, config=None) -> topic name`` (see conftest).
 TopicFactory = Callable[..., str]
+#: ``spawn_client(mode, **args) -> ChildClient`` (see conftest).
+ClientFactory = Callable[..., "ChildClient"]
 
 
 @dataclass(frozen=True)
@@ -133,3 +145,81 @@ def poll_for(consumer: Consumer, duration: float) -> list[Message]:
             continue
         messages.append(msg)
     return messages
+
+
+def eventually(
+    probe: Callable[[], T], ok: Callable[[T], bool], timeout: float, what: str
+) -> tuple[T, float]:
+    """Call ``probe`` every 0.1 s until ``ok(value)``; return (value, seconds it took).
+
+    Fails with ``what`` and the last value if that does not happen within ``timeout`` s.
+    """
+    start = time.monotonic()
+    while not ok(value := probe()):
+        elapsed = time.monotonic() - start
+        assert elapsed < timeout, f"{what}: not within {timeout:.0f} s (last value {value!r})"
+        time.sleep(0.1)
+    return value, time.monotonic() - start
+
+
+class ChildClient:
+    """A client of ``_clients.py`` in its own process, killable with SIGKILL.
+
+    Its stdout (and stderr) is read by a thread: JSON lines are its events, anything else
+    (librdkafka logs) is kept for failure messages.
+    """
+
+    def __init__(self, mode: str, **args: Any) -> None:
+        self.mode = mode
+        self.process = subprocess.Popen(
+            [sys.executable, str(CLIENTS_SCRIPT), mode, json.dumps(args)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.output: deque[str] = deque(maxlen=30)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.output.append(line.rstrip())
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and "event" in event:
+                self.events.put(event)
+
+    def expect(
+        self, event: str, timeout: float, ok: Callable[[dict[str, Any]], bool] = lambda _: True
+    ) -> dict[str, Any]:
+        """The next ``event`` for which ``ok`` holds (earlier events are dropped)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, (
+                f"{self.mode} client: no matching {event!r} event within {timeout:.0f} s; "
+                f"output:\n" + "\n".join(self.output)
+            )
+            try:
+                got = self.events.get(timeout=min(remaining, 0.2))
+            except queue.Empty:
+                assert self.process.poll() is None, (
+                    f"{self.mode} client exited with {self.process.returncode}; output:\n"
+                    + "\n".join(self.output)
+                )
+                continue
+            assert got["event"] != "error", f"{self.mode} client failed: {got}"
+            if got["event"] == event and ok(got):
+                return got
+
+    def kill(self) -> None:
+        """SIGKILL: the client gets no chance to say goodbye to the broker."""
+        if self.process.poll() is None:
+            self.process.kill()  # SIGKILL on POSIX
+        self.process.wait(10)
+        self._reader.join(10)

@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from ._kafka import TopicFactory
+from ._kafka import ChildClient, ClientFactory, TopicFactory, eventually
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 CONNECT_TIMEOUT_S = 10.0
@@ -80,6 +80,15 @@ def create_topic(admin: AdminClient, request: pytest.FixtureRequest) -> Iterator
         )
         futures[name].result()
         created.append(name)
+        # CreateTopics answers once the controller has the topic; the broker serving requests
+        # learns it from the metadata log a moment later (meanwhile e.g. DescribeConfigs says
+        # UNKNOWN_TOPIC_OR_PART). Wait until the broker reports every partition with a leader.
+        eventually(
+            lambda: _leaders(admin, name),
+            lambda leaders: len(leaders) == partitions and min(leaders) >= 0,
+            timeout=15,
+            what=f"topic {name} metadata with a leader for each of {partitions} partition(s)",
+        )
         return name
 
     yield _create
@@ -89,3 +98,29 @@ def create_topic(admin: AdminClient, request: pytest.FixtureRequest) -> Iterator
             for future in admin.delete_topics(created, operation_timeout=10).values():
                 with contextlib.suppress(Exception):
                     future.result()
+
+
+def _leaders(admin: AdminClient, topic: str) -> list[int]:
+    """The leader of each partition of ``topic`` per the broker's metadata ([] while unknown)."""
+    try:
+        metadata = admin.list_topics(topic, timeout=5).topics.get(topic)
+    except KafkaException:
+        return []
+    if metadata is None or metadata.error is not None:
+        return []
+    return [p.leader if p.error is None else -1 for p in metadata.partitions.values()]
+
+
+@pytest.fixture
+def spawn_client() -> Iterator[ClientFactory]:
+    """Start ``_clients.py`` clients (``spawn_client(mode, **args)``); killed at teardown."""
+    children: list[ChildClient] = []
+
+    def _spawn(mode: str, **args: object) -> ChildClient:
+        child = ChildClient(mode, **args)
+        children.append(child)
+        return child
+
+    yield _spawn
+    for child in children:
+        child.kill()

@@ -9,7 +9,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, ConsumerRecord
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
-from ._kafka import TopicFactory, make_producer, produce_all
+from ._kafka import TopicFactory, eventually, make_producer, produce_all
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -92,7 +92,11 @@ def test_aiokafka_group_consumer_reads_commits_and_end_offsets_match(
 
 
 async def _read_committed_view(bootstrap: str, topic: str) -> tuple[int, list[int], int | None]:
-    """(end_offsets, offsets delivered within ~1.5 s, last_stable_offset) for partition 0."""
+    """(end_offsets, offsets delivered, last_stable_offset) for partition 0 under read_committed.
+
+    Reads until the position reaches ``end_offsets``, then polls 0.5 s more: anything delivered
+    beyond the end shows up in the offsets.
+    """
     tp = TopicPartition(topic, 0)
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
@@ -105,9 +109,15 @@ async def _read_committed_view(bootstrap: str, topic: str) -> tuple[int, list[in
         await consumer.seek_to_beginning(tp)
         end = (await consumer.end_offsets([tp]))[tp]
         seen: list[int] = []
-        for _ in range(6):
-            batches = await consumer.getmany(tp, timeout_ms=250)
-            seen.extend(r.offset for r in batches.get(tp, []))
+
+        async def read_to_end() -> None:
+            while await consumer.position(tp) < end:
+                batches = await consumer.getmany(tp, timeout_ms=200)
+                seen.extend(r.offset for r in batches.get(tp, []))
+
+        await asyncio.wait_for(read_to_end(), timeout=15)
+        batches = await consumer.getmany(tp, timeout_ms=500)
+        seen.extend(r.offset for r in batches.get(tp, []))
         return end, seen, consumer.last_stable_offset(tp)
     finally:
         await consumer.stop()
@@ -118,10 +128,11 @@ def test_aiokafka_read_committed_end_offsets_stop_at_open_transaction(
 ) -> None:
     """aiokafka (read_committed) end_offsets == LSO; open-transaction records stay invisible.
 
-    Observed on noida-db 0.2.3 / aiokafka 0.14.0: with 2 committed plain records and a
+    Observed on Apache Kafka 4.3.1 / aiokafka 0.14.0: with 2 committed plain records and a
     transaction of 3 records left open, ``end_offsets`` returns 2, ``last_stable_offset``
     (from the fetch response) is 2 and only offsets 0-1 are delivered; after the commit
-    ``end_offsets`` is 6 (3 records + the commit marker at offset 5).
+    ``end_offsets`` is 6 (3 records + the commit marker at offset 5) once the marker is written
+    (``commit_transaction`` returns before that, see test_transactions.py).
     """
     topic = create_topic(partitions=1)
     produce_all(make_producer(kafka_bootstrap), topic, [{"value": b"a"}, {"value": b"b"}])
@@ -138,5 +149,10 @@ def test_aiokafka_read_committed_end_offsets_stop_at_open_transaction(
         assert lso == 2, f"last_stable_offset from fetch responses: {lso}"
     finally:
         txn.commit_transaction(15)
-    end, seen, lso = asyncio.run(_read_committed_view(kafka_bootstrap, topic))
-    assert (end, seen, lso) == (6, [0, 1, 2, 3, 4], 6)
+    view, _ = eventually(
+        lambda: asyncio.run(_read_committed_view(kafka_bootstrap, topic)),
+        lambda view: view[0] != 2,
+        timeout=10,
+        what="read_committed end_offsets moving past the committed transaction",
+    )
+    assert view == (6, [0, 1, 2, 3, 4], 6)

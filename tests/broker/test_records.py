@@ -124,23 +124,34 @@ def test_high_watermark_equals_records_produced_and_offset_after_last(
         consumer.close()
 
 
+@pytest.mark.parametrize("batching", ["one-batch", "batch-per-record"])
 def test_offsets_for_times_returns_first_offset_at_or_after_time(
-    kafka_bootstrap: str, create_topic: TopicFactory
+    kafka_bootstrap: str, create_topic: TopicFactory, batching: str
 ) -> None:
     """offsets_for_times(t) by CreateTime == the first offset whose timestamp is >= t.
 
-    Timestamps are deliberately out of order at offset 2 (producers may send late records): the
-    answer is the first offset *in log order* with timestamp >= t, not the record closest to t.
+    Timestamps are explicit CreateTimes, deliberately out of order at offset 2 (producers may
+    send late records): the answer is the first offset *in log order* with timestamp >= t, not
+    the record closest to t. Kafka looks a time up in two steps, the time index (one entry per
+    new maximum timestamp, here at every batch: ``index.interval.bytes=1``) and then a scan of
+    the batches from there by each batch's maximum timestamp: both are exercised, with every
+    record in one batch and with one batch per record.
     """
-    topic = create_topic(partitions=1)
+    topic = create_topic(
+        partitions=1,
+        config={"message.timestamp.type": "CreateTime", "index.interval.bytes": "1"},
+    )
     base = int(time.time() * 1000) - 10 * DAY_MS
     relative = [0, 1000, 5000, 3000, 7000, 7000, 9000]  # offsets 0..6
+    records = [{"value": f"t{r}".encode(), "timestamp": base + r} for r in relative]
     producer = make_producer(kafka_bootstrap)
-    produce_all(
-        producer,
-        topic,
-        [{"value": f"t{r}".encode(), "timestamp": base + r} for r in relative],
-    )
+    if batching == "one-batch":
+        delivered = produce_all(producer, topic, records)
+    else:  # produce_all flushes: each record is sent (and stored) as a batch of its own
+        delivered = [
+            report for record in records for report in produce_all(producer, topic, [record])
+        ]
+    assert [r.timestamp for r in delivered] == [(TIMESTAMP_CREATE_TIME, base + r) for r in relative]
 
     def expected(asked: int) -> int:
         return next((o for o, r in enumerate(relative) if base + r >= asked), -1)

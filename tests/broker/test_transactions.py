@@ -4,9 +4,9 @@ The batch layer snapshots each partition at its LSO (read_committed) and ends a 
 consumer *position* reaches that end offset, never by counting records. These tests pin the
 broker behaviour that design relies on.
 
-Observed against noida-db 0.2.3 with confluent-kafka 2.16.1 / librdkafka 2.16.0 (one partition:
-3 plain records at offsets 0-2, a transaction left open with 4 records at 3-6, then 2 plain
-non-transactional records at 7-8):
+Observed against Apache Kafka 4.3.1 with confluent-kafka 2.16.1 / librdkafka 2.16.0 (one
+partition: 3 plain records at offsets 0-2, a transaction left open with 4 records at 3-6, then
+2 plain non-transactional records at 7-8):
 
 * ``Consumer.get_watermark_offsets(tp, timeout=..., cached=False)`` on a consumer configured with
   ``isolation.level=read_committed`` sends a ListOffsets(latest) request with that isolation
@@ -23,10 +23,22 @@ non-transactional records at 7-8):
   the LSO blocks everything after the first open transaction, transactional or not.
 * After ``commit_transaction`` the commit marker takes offset 9; the LSO (read_committed
   ``get_watermark_offsets`` high) becomes 10 == high watermark, the consumer delivers offsets
-  3-8 and its position ends at 10 although only 9 records exist below it.
+  3-8 and its position ends at 10 although only 9 records exist below it. After
+  ``abort_transaction`` instead the abort marker takes offset 9, the LSO becomes 10 as well and
+  the consumer delivers only offsets 7-8, its position ending at 10.
+* ``commit_transaction`` / ``abort_transaction`` return once the transaction coordinator has
+  logged the decision; the markers are written to the partitions asynchronously. For a few
+  milliseconds after the call returns the LSO can still be the old one (seen: 3 right after
+  the commit on a freshly started broker), so the tests wait (briefly) for it to move.
 * An aborted transaction's records (and its abort marker) are never delivered under
   read_committed; the consumer's position moves past them to the end offset. A
   read_uncommitted consumer does deliver the aborted records (never the markers).
+* A producer killed (SIGKILL) with a transaction open: the LSO stays at the transaction's
+  first record until the broker aborts the transaction on its timeout, found by a periodic
+  check (``transaction.abort.timed.out.transaction.cleanup.interval.ms``, 10 s by default).
+  The LSO moved on 3.6-10.6 s after the kill with ``transaction.timeout.ms=2000`` and 5.7-12.2 s
+  after it with 5000 (the records were acknowledged just before the kill); the abort marker
+  then lets the read_committed position reach the end.
 """
 
 from __future__ import annotations
@@ -48,9 +60,21 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from ._kafka import TopicFactory, make_consumer, make_producer, produce_all, read_until
+from ._kafka import (
+    ClientFactory,
+    TopicFactory,
+    eventually,
+    make_consumer,
+    make_producer,
+    poll_for,
+    produce_all,
+    read_until,
+)
 
 pytestmark = pytest.mark.timeout(60)
+
+#: How long the markers of a transaction that was just committed/aborted may take to land.
+MARKERS_WRITTEN_WITHIN_S = 10.0
 
 
 @pytest.fixture
@@ -84,6 +108,26 @@ def _lso(consumer: Consumer, topic: str, partition: int = 0) -> int:
     return int(high)
 
 
+def _lso_reaches(
+    consumer: Consumer,
+    topic: str,
+    expected: int,
+    partition: int = 0,
+    timeout: float = MARKERS_WRITTEN_WITHIN_S,
+) -> None:
+    """Wait until the read_committed watermark query returns ``expected``.
+
+    Ending a transaction returns before its markers are written (see the module docstring),
+    so a released LSO is waited for rather than read once.
+    """
+    eventually(
+        lambda: _lso(consumer, topic, partition),
+        lambda lso: lso == expected,
+        timeout,
+        f"read_committed watermark of {topic} [{partition}] reaching {expected}",
+    )
+
+
 def _admin_latest(admin: AdminClient, topic: str, isolation: IsolationLevel) -> int:
     tp = TopicPartition(topic, 0)
     futures = admin.list_offsets(
@@ -115,18 +159,22 @@ def _position(consumer: Consumer, topic: str, partition: int = 0) -> int:
     return int(tp.offset)
 
 
-def test_open_transaction_holds_back_lso_until_commit(
+@pytest.mark.parametrize("outcome", ["commit", "abort"])
+def test_open_transaction_holds_back_lso_until_it_ends(
     kafka_bootstrap: str,
     admin: AdminClient,
     create_topic: TopicFactory,
     txn_producer: Producer,
+    outcome: str,
 ) -> None:
-    """Open transaction: LSO <= its first record and nothing of it is visible; commit releases.
+    """Open transaction: LSO <= its first record and nothing of it is visible; its end releases.
 
     A read_committed watermark query must never return an offset past the first record of an
     open transaction (the batch snapshot would otherwise include records that may later be
     aborted), and must not lag behind the committed records before it (the batch would stall).
-    After the commit the LSO moves past the commit marker and every record becomes visible.
+    Commit or abort, the LSO then moves past the marker to the high watermark and the consumer
+    that was held at the old LSO reads on to it: every record after a commit, only the plain
+    ones after an abort.
     """
     topic = create_topic(partitions=1)
     plain = make_producer(kafka_bootstrap)
@@ -161,21 +209,20 @@ def test_open_transaction_holds_back_lso_until_commit(
         assert [m.value() for m in visible] == [b"plain0", b"plain1", b"plain2"]
         assert _position(committed_view, topic) == lso
 
-        txn_producer.commit_transaction(15)
+        if outcome == "commit":
+            txn_producer.commit_transaction(15)
+            released_values = [*(r.value for r in opened), *(r.value for r in after)]
+        else:
+            txn_producer.abort_transaction(15)
+            released_values = [r.value for r in after]
 
-        lso_after = _lso(committed_view, topic)
-        # The commit marker occupies the offset right after the last record: LSO == HWM == 10.
-        assert lso_after > high_watermark, (
-            f"after commit the LSO is {lso_after}; expected past the commit marker "
-            f"(> {high_watermark})"
-        )
-        assert lso_after == _lso(uncommitted_view, topic)
-        released = read_until(committed_view, {(topic, 0): lso_after})
-        assert [m.value() for m in released] == [
-            *(f"open{i}".encode() for i in range(4)),
-            *(f"after{i}".encode() for i in range(2)),
-        ]
-        assert _position(committed_view, topic) == lso_after
+        # The marker occupies the offset right after the last record: LSO == HWM == 10.
+        _lso_reaches(committed_view, topic, high_watermark + 1)
+        assert _lso(uncommitted_view, topic) == high_watermark + 1
+        released = read_until(committed_view, {(topic, 0): high_watermark + 1})
+        released += poll_for(committed_view, 0.5)  # nothing more follows
+        assert [m.value() for m in released] == released_values
+        assert _position(committed_view, topic) == high_watermark + 1
     finally:
         committed_view.close()
         uncommitted_view.close()
@@ -200,14 +247,14 @@ def test_aborted_transaction_is_never_visible_to_read_committed(
         kafka_bootstrap, config={"isolation.level": "read_uncommitted"}
     )
     try:
-        end = _lso(committed_view, topic)
         # before(1) + aborted(3) + abort marker(1) + after(1)
-        assert end == 6
+        end = 6
+        _lso_reaches(committed_view, topic, end)
         assert _lso(uncommitted_view, topic) == end
 
         committed_view.assign([TopicPartition(topic, 0, 0)])
         visible = read_until(committed_view, {(topic, 0): end})
-        visible += _read_to_eof(committed_view, settle_s=0.5)
+        visible += poll_for(committed_view, 0.5)  # nothing more follows
         assert [m.value() for m in visible] == [b"before", b"after"]
         assert _position(committed_view, topic) == end
 
@@ -251,9 +298,10 @@ def test_slice_ends_by_position_not_record_count(
 
     consumer = _read_committed_consumer(kafka_bootstrap)
     try:
-        ends = {(topic, p): _lso(consumer, topic, p) for p in range(2)}
-        # per partition: 4 x 3 records + 4 markers
-        assert ends == {(topic, 0): 16, (topic, 1): 16}
+        # per partition: 4 x 3 records + 4 markers (the last ones possibly still being written)
+        ends = {(topic, p): 16 for p in range(2)}
+        for p in range(2):
+            _lso_reaches(consumer, topic, 16, partition=p)
         consumer.assign([TopicPartition(topic, p, 0) for p in range(2)])
         messages = read_until(consumer, ends)
         for p in range(2):
@@ -263,3 +311,52 @@ def test_slice_ends_by_position_not_record_count(
             assert _position(consumer, topic, p) == ends[(topic, p)]
     finally:
         consumer.close()
+
+
+#: Short, so the test is quick, yet long enough that the test surely sees the LSO held before
+#: the timeout even on a busy machine. The broker's periodic check for timed-out transactions
+#: (transaction.abort.timed.out.transaction.cleanup.interval.ms, 10 s by default) adds up to
+#: another 10 s before the abort, hence the allowance.
+ABANDONED_TXN_TIMEOUT_MS = 5000
+TIMEOUT_ABORT_WITHIN_S = 35.0
+
+
+@pytest.mark.timeout(90)
+def test_transaction_of_a_killed_producer_is_aborted_at_its_timeout(
+    kafka_bootstrap: str, create_topic: TopicFactory, spawn_client: ClientFactory
+) -> None:
+    """A producer killed mid-transaction holds the LSO only until its transaction times out.
+
+    The batch layer's read_committed snapshot would otherwise stall behind an abandoned
+    transaction forever. The producer runs in its own process and is killed with SIGKILL, so it
+    never ends the transaction: only the broker's transaction timeout can abort it.
+    """
+    topic = create_topic(partitions=1)
+    plain = make_producer(kafka_bootstrap)
+    produce_all(plain, topic, [{"value": b"before0"}, {"value": b"before1"}])
+    committed_view = _read_committed_consumer(kafka_bootstrap)
+    try:
+        _lso_reaches(committed_view, topic, 2)  # connected before the clock starts
+        abandoned = spawn_client(
+            "open-transaction",
+            bootstrap=kafka_bootstrap,
+            topic=topic,
+            transaction_timeout_ms=ABANDONED_TXN_TIMEOUT_MS,
+            count=3,
+        )
+        produced = abandoned.expect("produced", timeout=60)
+        assert produced["offsets"] == [2, 3, 4]
+        # Well within its timeout, the transaction holds the LSO at its first record...
+        assert _lso(committed_view, topic) == 2
+        abandoned.kill()
+        produce_all(plain, topic, [{"value": b"after0"}, {"value": b"after1"}])  # 5-6
+
+        # ...until the broker aborts it: the abort marker takes offset 7, the LSO passes it.
+        _lso_reaches(committed_view, topic, 8, timeout=TIMEOUT_ABORT_WITHIN_S)
+        committed_view.assign([TopicPartition(topic, 0, 0)])
+        visible = read_until(committed_view, {(topic, 0): 8})
+        visible += poll_for(committed_view, 0.5)  # nothing more follows
+        assert [m.value() for m in visible] == [b"before0", b"before1", b"after0", b"after1"]
+        assert _position(committed_view, topic) == 8
+    finally:
+        committed_view.close()
