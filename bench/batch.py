@@ -11,7 +11,9 @@ executes in one Spark session started up front, so session start-up is not in an
 Ends with one line:
 `BENCH batch events=<n> events_per_s=<n> wall_s=<s> peak_rss_mb=<n> incr_1x_s=<s>
 incr_10x_s=<s> incr_ratio=<r>` where events/wall/throughput are the full run over the 10x
-history and peak RSS covers this process and its children (Spark's JVM, Python workers).
+history and peak RSS covers this process and its children (Spark's JVM, Python workers);
+`broker_cpu_s` and `broker_rss_mb` are the local Kafka broker's CPU seconds and peak RSS during
+that run.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from psycopg import sql
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batch_layer import execute_run, spark_session
+from bench.broker_usage import BrokerUsage
 from lambdactl.generator import GeneratorSpec, generate, produce
 from lambdactl.stack import stack_up
 from shared.config import Settings
@@ -108,28 +111,6 @@ def fill(world: World, start_ms: int, end_ms: int, events: int, seed: int) -> fl
     return time.monotonic() - began
 
 
-def wait_for_idle_broker(limit_s: float = 600.0) -> float:
-    """Wait until a local noida-db broker stops working in the background; returns the wait.
-
-    noida-db writes its whole state out after a burst of produces (one core busy for ~14 s
-    after 1M events): measured right after `fill`, a run would share the 2 cores with the
-    broker's own bookkeeping, which a Kafka cluster does not do."""
-    brokers = [
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if "noida-db" in " ".join(p.info["cmdline"] or [])
-    ]
-    for broker in brokers:
-        broker.cpu_percent(interval=None)  # the first call only starts the measurement
-    began, quiet = time.monotonic(), 0
-    while quiet < 3 and time.monotonic() - began < limit_s:  # 3 quiet seconds in a row
-        time.sleep(1.0)
-        with contextlib.suppress(psutil.Error):
-            busy = sum(broker.cpu_percent(interval=None) for broker in brokers)
-            quiet = quiet + 1 if busy < 5 else 0
-    return time.monotonic() - began
-
-
 def wait_for_autovacuum(base: Settings, dbname: str, limit_s: float = 600.0) -> float:
     """Wait until no autovacuum worker works in `dbname`; returns the wait. A full run's bulk
     load (10M ids) sets autovacuum going for tens of seconds: measured right after it, an
@@ -147,12 +128,14 @@ def wait_for_autovacuum(base: Settings, dbname: str, limit_s: float = 600.0) -> 
     return time.monotonic() - began
 
 
-def timed_run(world: World, spark: Any, mode: str) -> tuple[float, Any]:
+def timed_run(world: World, spark: Any, mode: str) -> tuple[float, Any, BrokerUsage]:
     with connect(world.settings.postgres.url, autocommit=True) as conn:
         run_id, _ = queue_run(conn, RunRequest(mode))  # type: ignore[arg-type]
-    began = time.monotonic()
-    summary = execute_run(world.settings, spark, run_id)
-    return time.monotonic() - began, summary
+    with BrokerUsage() as broker:
+        began = time.monotonic()
+        summary = execute_run(world.settings, spark, run_id)
+        wall = time.monotonic() - began
+    return wall, summary, broker
 
 
 def main() -> None:
@@ -184,32 +167,29 @@ def main() -> None:
         for world, factor in zip(worlds, (1, 10), strict=True):
             events = one_x * factor
             took = fill(world, now - 25 * HOUR, now - HOUR, events, seed=factor)
-            print(
-                f"{factor}x: produced {events} events in {took:.1f} s; broker idle after "
-                f"{wait_for_idle_broker():.0f} s more",
-                flush=True,
-            )
-            wall, summary = timed_run(world, spark, "full")
+            print(f"{factor}x: produced {events} events in {took:.1f} s", flush=True)
+            wall, summary, broker = timed_run(world, spark, "full")
             print(
                 f"{factor}x: full run {wall:.1f} s, {summary.rows_in / wall:,.0f} events/s, "
-                f"{summary.rows_out} cells, phases {summary.timings}",
+                f"{summary.rows_out} cells, {broker.figures()}, phases {summary.timings}",
                 flush=True,
             )
+            full_broker = broker
             results[f"full_{factor}x_s"] = wall
             results[f"full_{factor}x_events"] = summary.rows_in
             full_ended = time.monotonic()
             fill(world, now - HOUR, now, one_x // 24, seed=100 + factor)
-            waited = wait_for_idle_broker() + wait_for_autovacuum(base, world.dbname)
+            waited = wait_for_autovacuum(base, world.dbname)
             # Spark ends Python workers idle for a minute: an hourly run always starts them,
-            # and so does each measured incremental run (else only the 10x one, which waited
-            # longer for the broker, paid ~1.5 s for it).
+            # and so does each measured incremental run (else only the one that waited
+            # longer for autovacuum would pay ~1.5 s for it).
             time.sleep(max(0.0, PYTHON_WORKER_IDLE_S - (time.monotonic() - full_ended)))
             print(
-                f"{factor}x: broker and autovacuum idle after {waited:.0f} s; incremental run "
+                f"{factor}x: autovacuum idle after {waited:.0f} s; incremental run "
                 f"{time.monotonic() - full_ended:.0f} s after the full run",
                 flush=True,
             )
-            wall, summary = timed_run(world, spark, "incremental")
+            wall, summary, _ = timed_run(world, spark, "incremental")
             assert summary.mode == "incremental"
             print(
                 f"{factor}x: incremental run for one new hour ({summary.rows_in} events) "
@@ -223,7 +203,8 @@ def main() -> None:
             f"BENCH batch events={events} events_per_s={events / wall:.0f} wall_s={wall:.1f} "
             f"peak_rss_mb={rss.peak / 2**20:.0f} incr_1x_s={results['incr_1x_s']:.2f} "
             f"incr_10x_s={results['incr_10x_s']:.2f} "
-            f"incr_ratio={results['incr_10x_s'] / results['incr_1x_s']:.2f}",
+            f"incr_ratio={results['incr_10x_s'] / results['incr_1x_s']:.2f} "
+            f"{full_broker.figures()}",
             flush=True,
         )
     finally:

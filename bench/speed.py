@@ -18,7 +18,8 @@ flushed), then:
 
 Ends with one line:
 `BENCH speed events_per_s=<n> ceiling_per_s=<n> ratio=<r> freshness_p50_ms=<n>
-freshness_p99_ms=<n> redis_bytes_per_cell=<n>` (on one line).
+freshness_p99_ms=<n> redis_bytes_per_cell=<n> broker_cpu_s=<s> broker_rss_mb=<n>` (on one
+line; the broker's figures cover the worker's run).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.broker_usage import BrokerUsage
 from lambdactl.generator import GeneratorSpec, generate, produce
 from shared.config import Settings
 from shared.kafka import create_topics
@@ -307,13 +309,17 @@ def main() -> None:
         ends = end_offsets(bootstrap, topic, args.partitions)
         ceiling = measure_ceiling(bootstrap, topic, ends)
         log(f"ceiling (aiokafka getmany + orjson): {ceiling:,.0f} events/s")
-        rate, worker = measure_worker(env, client, topic, ends, timeout_s=600)
+        with BrokerUsage() as broker:
+            rate, worker = measure_worker(env, client, topic, ends, timeout_s=600)
+        log(f"broker during the worker's run: {broker.figures()}")
         log(f"worker: {rate:,.0f} events/s sustained ({rate / ceiling:.3f} of the ceiling)")
         per_cell, _ = redis_memory(client, settings, produced)
         p50 = p99 = float("nan")
         if not args.skip_freshness:
-            p50, p99 = measure_freshness(settings, topic, args.rate, freshness_s)
+            with BrokerUsage() as fresh_broker:
+                p50, p99 = measure_freshness(settings, topic, args.rate, freshness_s)
             log(f"freshness at {args.rate}/s: p50 {p50:.0f} ms, p99 {p99:.0f} ms")
+            log(f"broker during the freshness phase: {fresh_broker.figures()}")
     finally:
         if worker is not None:
             worker.terminate()
@@ -330,7 +336,7 @@ def main() -> None:
     print(
         f"BENCH speed events_per_s={rate:.0f} ceiling_per_s={ceiling:.0f} "
         f"ratio={rate / ceiling:.3f} freshness_p50_ms={p50:.0f} freshness_p99_ms={p99:.0f} "
-        f"redis_bytes_per_cell={per_cell:.0f}"
+        f"redis_bytes_per_cell={per_cell:.0f} {broker.figures()}"
     )
 
 
