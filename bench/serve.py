@@ -13,7 +13,9 @@ subprocess, then measures:
 - `max_rps`: closed loop, concurrency 16, on the s60 query;
 - `top_p99_ms`: `top` over a batch hour and over a speed minute, closed loop;
 - `raw_ms`: the underlying PostgreSQL statement + Redis call of one s1440 request, and the
-  ratio of an unloaded request's median latency to it.
+  ratio of an unloaded request's median latency to it;
+- `broker_cpu_s`, `broker_rss_mb`: the local Kafka broker's CPU seconds and peak RSS meanwhile
+  (queries never read Kafka: this is what an idle broker costs beside the server).
 
 The load generator runs on the same machine as the server (here: 2 cores, shared)."""
 
@@ -48,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from batch_layer.publish import Publication, publish_full_generation  # noqa: E402
+from bench.broker_usage import BrokerUsage  # noqa: E402
 from lambdactl.stack import stack_up  # noqa: E402
 from serving_layer.merged_view import _SERIES_SQL, MergedView, split_starts  # noqa: E402
 from serving_layer.timefmt import format_time  # noqa: E402
@@ -466,6 +469,7 @@ async def measure(
         f"s1440_p99_ms={s1440_p99:.1f} s60_rate={args.s60_rate} "
         f"s60_achieved_rps={s60_rps:.1f} s60_p99_ms={s60_p99:.1f} max_rps={max_rps:.0f} "
         f"top_p99_ms={top_p99:.1f} raw_ms={raw:.2f} ratio={request_ms / raw:.2f}",
+        end=" ",
         flush=True,
     )
 
@@ -505,7 +509,9 @@ def main() -> None:
         try:
             gc.collect()
             gc.freeze()  # the generator's own GC pauses would be charged to the server
-            uvloop.run(measure(args, port, newest, watermark, settings))
+            with BrokerUsage() as broker:
+                uvloop.run(measure(args, port, newest, watermark, settings))
+            print(broker.figures(), flush=True)
         finally:
             server.terminate()
             server.wait(10)
