@@ -16,6 +16,24 @@ def is_late(
     return watermark_ms is not None and cell_end_ms <= watermark_ms
 
 
+def id_bucket_closed(
+    bucket_start_ms: int,
+    bucket_ms: int,
+    metrics: Iterable[tuple[int, int, int | None]],
+    stream_time_ms: int | None,
+) -> bool:
+    """Whether the speed layer may forget a de-dup id bucket (rule 4): a later copy of any of
+    its events would be late for every metric. `metrics` holds each metric's (base window,
+    grace, W). The bucket's last instant lies in the last cell it overlaps, which ends
+    latest, so that cell decides (the bucket is the source's smallest base window, which
+    need not divide another metric's base)."""
+    last = bucket_start_ms + bucket_ms - 1
+    return all(
+        is_late(window_start(last, base) + base, grace, stream_time_ms, watermark)
+        for base, grace, watermark in metrics
+    )
+
+
 def batch_watermark(
     previous_ms: int | None, stream_times_ms: Iterable[int], grace_ms: int, base_ms: int
 ) -> int | None:

@@ -43,6 +43,7 @@ from shared.db.served import ServedView, read_served
 from shared.faults import fault_point
 from shared.gc_tuning import collector_paused, freeze_startup_objects
 from shared.kafka import check_topics
+from shared.lateness import id_bucket_closed
 from shared.speed_store import (
     APPLIED,
     EPOCH_KEY,
@@ -356,15 +357,10 @@ class SpeedWorker:
         return len(cells), len(id_sets)
 
     def _late_for_all(self, processor: SourceProcessor, bucket: int, fence: Fence) -> bool:
-        for metric in processor.metrics:
-            end = bucket - bucket % metric.base + metric.base
-            w = self.watermarks.get(metric.config.name)
-            late = (fence.stream_time is not None and end + metric.grace <= fence.stream_time) or (
-                w is not None and end <= w
-            )
-            if not late:
-                return False
-        return True
+        metrics = [
+            (m.base, m.grace, self.watermarks.get(m.config.name)) for m in processor.metrics
+        ]
+        return id_bucket_closed(bucket, processor.id_bucket_ms, metrics, fence.stream_time)
 
     def report_lag(self) -> None:
         consumer = self.consumer

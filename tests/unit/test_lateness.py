@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.lateness import batch_watermark, is_late
+from shared.lateness import batch_watermark, id_bucket_closed, is_late
 
 MIN = 60_000
 GRACE = 2 * MIN
@@ -142,3 +142,32 @@ def test_every_late_by_grace_cell_lies_at_or_before_w(
         if is_late(cell_end, grace, stream_time, None):
             assert cell_end <= w
             assert is_late(cell_end, grace, None, w)
+
+
+def test_an_id_bucket_stays_while_a_later_cell_it_overlaps_is_open() -> None:
+    """Bucket [2m, 4m) of a source with 2m and 3m metrics: the 3m metric's cell [3m, 6m)
+    holds its events at 3m..4m, so the ids stay until that cell is late too."""
+    minute = 60_000
+    metrics = [(2 * minute, 0, None), (3 * minute, 0, None)]
+    assert not id_bucket_closed(2 * minute, 2 * minute, metrics, stream_time_ms=5 * minute)
+    assert id_bucket_closed(2 * minute, 2 * minute, metrics, stream_time_ms=6 * minute)
+
+
+@given(
+    bucket=st.integers(0, 10**6),
+    bases=st.lists(st.integers(1, 500), min_size=1, max_size=3),
+    grace=st.integers(0, 300),
+    stream_time=st.integers(0, 2 * 10**6),
+)
+@settings(max_examples=200)
+def test_a_closed_id_bucket_has_no_event_that_is_not_late(
+    bucket: int, bases: list[int], grace: int, stream_time: int
+) -> None:
+    size = min(bases)
+    start = bucket - bucket % size
+    metrics = [(base, grace, None) for base in bases]
+    if id_bucket_closed(start, size, metrics, stream_time):
+        for t in range(start, start + size):
+            for base in bases:
+                cell_end = t - t % base + base
+                assert is_late(cell_end, grace, stream_time, None)
