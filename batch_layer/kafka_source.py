@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 _RECORDS_PER_BLOCK = 65536
 _FETCH_RECORDS = 10_000
 _STALL_S = 30.0
+_QUEUED_RECORDS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,11 @@ def read_slice(bootstrap: str, topic: str, part: Slice) -> Iterator[Records]:
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "enable.partition.eof": False,
+            # librdkafka stops fetching once its queue holds `queued.min.messages` and then
+            # waits `fetch.queue.backoff.ms` (1 s) before the next fetch: with the default
+            # 100k a slice sat idle ~70% of its read (measured: 1.2 s wall, 0.3 s CPU per
+            # 250k records). A queue of 1M (still capped at 64 MB) keeps the fetches going.
+            "queued.min.messages": _QUEUED_RECORDS,
         }
     )
     try:
