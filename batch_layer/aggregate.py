@@ -15,7 +15,8 @@ from pyspark.sql import functions as F
 from batch_layer.decode import InputLayout
 from batch_layer.rebuild_index import RebuildIndex, next_rebuild_index
 from shared.aggregates import HLL_LG_K
-from shared.config import MetricConfig, SourceConfig
+from shared.config import SourceConfig
+from shared.metric_plan import MetricPlan
 
 
 @dataclass
@@ -37,7 +38,7 @@ _PLAIN = ("count", "sum", "min", "max")
 """The plain aggregate columns of a cell, merged by sum/sum/min/max."""
 
 
-def metric_inputs(events: DataFrame, metrics: list[MetricConfig]) -> DataFrame:
+def metric_inputs(events: DataFrame, metrics: Sequence[MetricPlan]) -> DataFrame:
     """(metric, base window, time, key, value, distincts) of every event each metric uses:
     one row per (event, metric), generated from one scan of the events (whose columns are
     laid out by `InputLayout`)."""
@@ -50,7 +51,7 @@ def metric_inputs(events: DataFrame, metrics: list[MetricConfig]) -> DataFrame:
         *[
             F.struct(
                 F.lit(m.name).alias("metric"),
-                F.lit(m.base_window).cast("bigint").alias("window_ms"),
+                F.lit(m.base_window_ms).cast("bigint").alias("window_ms"),
                 texts(m.key).alias("key"),
                 (F.lit(None) if m.value is None else F.col(layout.number_column(m.value)))
                 .cast("double")
@@ -79,11 +80,11 @@ def _tasks(frame: DataFrame) -> int:
     return int(frame.sparkSession.conf.get("spark.sql.shuffle.partitions") or 8)
 
 
-def _width(metrics: list[MetricConfig]) -> int:
+def _width(metrics: Sequence[MetricPlan]) -> int:
     return max((len(m.distinct_fields) for m in metrics), default=0)
 
 
-def base_cells(events: DataFrame, metrics: list[MetricConfig]) -> DataFrame:
+def base_cells(events: DataFrame, metrics: Sequence[MetricPlan]) -> DataFrame:
     """Every metric's base-window cells of the given events (HLL sketches with
     `hll_sketch_agg`), as columns `sketch_<i>`.
 
@@ -109,18 +110,18 @@ def base_cells(events: DataFrame, metrics: list[MetricConfig]) -> DataFrame:
     )
 
 
-def _windows(metrics: list[MetricConfig]) -> Column:
+def _windows(metrics: Sequence[MetricPlan]) -> Column:
     """Per base cell, the sizes of all its metric's windows (the base window first)."""
     sizes = None
     for m in metrics:
-        these = F.array(*[F.lit(w).cast("bigint") for w in m.windows])
+        these = F.array(*[F.lit(w).cast("bigint") for w in m.windows_ms])
         condition = F.col("metric") == F.lit(m.name)
         sizes = F.when(condition, these) if sizes is None else sizes.when(condition, these)
     assert sizes is not None
     return sizes
 
 
-def _distinct_count(metrics: list[MetricConfig]) -> Column:
+def _distinct_count(metrics: Sequence[MetricPlan]) -> Column:
     """Per cell, its metric's number of distinct fields (its share of the `width` sketches)."""
     count = None
     for m in metrics:
@@ -131,7 +132,7 @@ def _distinct_count(metrics: list[MetricConfig]) -> Column:
     return count
 
 
-def cells_of(base: DataFrame, metrics: list[MetricConfig]) -> DataFrame:
+def cells_of(base: DataFrame, metrics: Sequence[MetricPlan]) -> DataFrame:
     """Every configured window's cells, rolled up from the base cells in one more aggregation:
     each base cell is exploded into all its windows (itself included) and merged with
     `hll_union_agg`, so the events are grouped once, the base cells are computed once and
@@ -263,7 +264,7 @@ def _without(events: DataFrame, positions: np.ndarray) -> DataFrame:
 def aggregate_source(
     rows: DataFrame,
     source: SourceConfig,
-    metrics: list[MetricConfig],
+    metrics: Sequence[MetricPlan],
     rebuild_threshold: Callable[[dict[int, int]], int | None],
     *,
     bucket_ms: int,

@@ -32,7 +32,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from shared.config import MetricConfig, SourceConfig
+from shared.config import SourceConfig
+from shared.metric_plan import MetricPlan
 
 _RECORD_FIELDS = [
     ("partition", pa.int32()),
@@ -57,8 +58,8 @@ class InputLayout:
     metric_count: int
 
     @classmethod
-    def of(cls, metrics: Sequence[MetricConfig]) -> InputLayout:
-        texts = [name for m in metrics for name in (*m.key, *m.distinct_fields)]
+    def of(cls, metrics: Sequence[MetricPlan]) -> InputLayout:
+        texts = [name for m in metrics for name in m.text_fields]
         numbers = [m.value for m in metrics if m.value is not None]
         return cls(tuple(dict.fromkeys(texts)), tuple(dict.fromkeys(numbers)), len(metrics))
 
@@ -105,7 +106,7 @@ class Decoder:
     """Decodes blocks of one source's records for its metrics."""
 
     def __init__(
-        self, source: SourceConfig, metrics: Sequence[MetricConfig], *, fast: bool = True
+        self, source: SourceConfig, metrics: Sequence[MetricPlan], *, fast: bool = True
     ) -> None:
         self.source = source
         self.metrics = list(metrics)
@@ -243,7 +244,7 @@ class _RowBuilder:
     it the same canonical value); a field no metric takes stays null."""
 
     def __init__(
-        self, source: SourceConfig, layout: InputLayout, metrics: Sequence[MetricConfig]
+        self, source: SourceConfig, layout: InputLayout, metrics: Sequence[MetricPlan]
     ) -> None:
         self.source = source
         self.metrics = metrics

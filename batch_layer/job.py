@@ -43,11 +43,12 @@ from batch_layer.publish import (
     publish_range,
 )
 from batch_layer.snapshot import Snapshot, take_snapshot
-from shared.config import MetricConfig, RunMode, Settings, SourceConfig
+from shared.config import RunMode, Settings, SourceConfig
 from shared.db.connect import connect
 from shared.db.runs import RunRecord, get_run, mark_failed, try_runner_lock
 from shared.db.served import ServedView, read_served
 from shared.lateness import batch_watermark
+from shared.metric_plan import versions_of
 from shared.windows import window_start
 
 log = logging.getLogger(__name__)
@@ -143,17 +144,15 @@ def _start(conn: psycopg.Connection[Any], run_id: int) -> RunRecord:
     return record
 
 
-def _versions(settings: Settings) -> dict[str, str]:
-    return {m.name: settings.metric_version(m) for m in settings.metrics}
-
-
 def _plan(
     settings: Settings, conn: psycopg.Connection[Any], record: RunRecord, force: RunMode | None
 ) -> _Plan:
     served = read_served(conn)
     conn.commit()
     mode: RunMode = force or record.request.mode
-    if mode != "full" and (served is None or served.versions != _versions(settings)):
+    if mode != "full" and (
+        served is None or served.versions != versions_of(settings.plans.values())
+    ):
         log.info("run %s: served cells are of other metric versions; running full", record.id)
         mode = "full"
     if mode == "full":
@@ -170,13 +169,14 @@ def _plan(
                     )
         return _Plan("incremental", snapshot, served)
     assert record.range_start_ms is not None and record.range_end_ms is not None
-    largest = max(w for m in settings.metrics for w in m.windows)
+    plans = settings.plans.values()
+    largest = max(w for m in plans for w in m.windows_ms)
     lo = window_start(record.range_start_ms, largest)
     hi = -window_start(-record.range_end_ms, largest)
     replaced = tuple(
-        (m.name, settings.metric_version(m), w, window_start(lo, w), -window_start(-hi, w))
-        for m in settings.metrics
-        for w in m.windows
+        (m.name, m.version, w, window_start(lo, w), -window_start(-hi, w))
+        for m in plans
+        for w in m.windows_ms
     )
     time_range = (min(r[3] for r in replaced), max(r[4] for r in replaced))
     return _Plan("range", served.snapshot, served, time_range, replaced)
@@ -217,7 +217,7 @@ def _execute(
         )
         published = time.monotonic()
         served = plan.served
-        versions = _versions(settings)
+        versions = versions_of(settings.plans.values())
         publication = Publication(
             plan.snapshot, summary.watermarks, rebuild_from, versions, rebuild_index
         )
@@ -290,7 +290,7 @@ def _read_and_aggregate(
     summary: RunSummary,
     ids_known: Callable[[pa.Table], None] | None,
 ) -> SourceResult:
-    metrics = list(settings.metrics_of(source))
+    metrics = settings.plans_of(source)
     served = plan.served
     ends = {int(p): offset for p, offset in plan.snapshot[source.topic].items()}
     fresh_from: dict[int, int] | None = None
@@ -311,7 +311,9 @@ def _read_and_aggregate(
         spark.read.format("lambda_kafka")
         .option("bootstrap", settings.kafka.bootstrap_servers)
         .option("source", source.model_dump_json())
-        .option("metrics", orjson.dumps([m.model_dump(mode="json") for m in metrics]).decode())
+        .option(
+            "metrics", orjson.dumps([m.config.model_dump(mode="json") for m in metrics]).decode()
+        )
         .option("slices", orjson.dumps(slices).decode())
         .option("fast_path", "true" if settings.spark.fast_path else "false")
         .load()
@@ -321,12 +323,12 @@ def _read_and_aggregate(
         for metric in metrics:
             previous = None
             if served is not None:
-                previous = served.watermark(metric.name, settings.metric_version(metric))
+                previous = served.watermark(metric.name, metric.version)
             if plan.mode == "range":
                 summary.watermarks[metric.name] = previous
             else:
                 summary.watermarks[metric.name] = batch_watermark(
-                    previous, stream_times.values(), metric.grace, metric.base_window
+                    previous, stream_times.values(), metric.grace_ms, metric.base_window_ms
                 )
         known = [summary.watermarks[m.name] for m in metrics]
         return min((w for w in known if w is not None), default=None)
@@ -339,7 +341,7 @@ def _read_and_aggregate(
         source,
         metrics,
         watermarks_of,
-        bucket_ms=math.gcd(*(m.base_window for m in metrics)),
+        bucket_ms=math.gcd(*(m.base_window_ms for m in metrics)),
         fresh_from=fresh_from,
         previous_index=previous_index,
         seen_ids=seen_ids,
@@ -378,8 +380,9 @@ def _id_lookup(postgres_url: str, source: str) -> IdLookup:
 def _cell_table(settings: Settings, results: list[tuple[SourceConfig, SourceResult]]) -> pa.Table:
     """Every source's cells as one Arrow table in `publish`'s column order (a version column
     added), for a bulk load without per-cell Python."""
-    names = [m.name for m in settings.metrics]
-    versions = pa.array([settings.metric_version(m) for m in settings.metrics], pa.string())
+    plans = settings.plans.values()
+    names = [m.name for m in plans]
+    versions = pa.array([m.version for m in plans], pa.string())
     tables = []
     for _source, result in results:
         cells = result.cells
@@ -421,16 +424,14 @@ CELL_SCHEMA = pa.schema(
 def _cell_rows(
     settings: Settings, results: list[tuple[SourceConfig, SourceResult]]
 ) -> Iterator[tuple[Any, ...]]:
-    metrics: dict[str, tuple[MetricConfig, str]] = {
-        m.name: (m, settings.metric_version(m)) for m in settings.metrics
-    }
+    plans = settings.plans
     for _source, result in results:
         for cell in result.cells.to_pylist():
-            metric, version = metrics[cell["metric"]]
+            metric = plans[cell["metric"]]
             width = len(metric.distinct_fields)
             yield (
                 metric.name,
-                version,
+                metric.version,
                 cell["window_ms"],
                 cell["start_ms"],
                 cell["key"],

@@ -44,6 +44,7 @@ from pyspark.sql.types import StructType
 from batch_layer.decode import Decoder, InputLayout
 from shared.config import MetricConfig, SourceConfig
 from shared.gc_tuning import collector_paused
+from shared.metric_plan import MetricPlan, compile_plan
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class KafkaMetricInputs(DataSource):
         return "lambda_kafka"
 
     def schema(self) -> str:
-        return InputLayout.of(_metrics(self.options)).ddl()
+        return InputLayout.of(_plans(self.options)).ddl()
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return _Reader(dict(self.options))
@@ -98,9 +99,9 @@ class _Reader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, Slice):
             return  # no slices (nothing new to read): Spark still reads one default partition
-        source = SourceConfig.model_validate_json(self.options["source"])
+        source = _source(self.options)
         decoder = Decoder(
-            source, _metrics(self.options), fast=self.options.get("fast_path", "true") == "true"
+            source, _plans(self.options), fast=self.options.get("fast_path", "true") == "true"
         )
         offsets: list[int] = []
         create_times: list[int] = []
@@ -123,8 +124,18 @@ class _Reader(DataSourceReader):
             yield from decoder.decode(partition.partition, offsets, create_times, values)
 
 
-def _metrics(options: Mapping[str, str]) -> list[MetricConfig]:
-    return [MetricConfig.model_validate(m) for m in orjson.loads(options["metrics"])]
+def _source(options: Mapping[str, str]) -> SourceConfig:
+    return SourceConfig.model_validate_json(options["source"])
+
+
+def _plans(options: Mapping[str, str]) -> list[MetricPlan]:
+    """The metrics' plans, compiled from the options' definitions (the plan itself does not
+    cross to the Python workers: the definitions are its one serialized form)."""
+    source = _source(options)
+    return [
+        compile_plan(MetricConfig.model_validate(m), source)
+        for m in orjson.loads(options["metrics"])
+    ]
 
 
 @dataclass

@@ -34,6 +34,7 @@ from shared.db.runs import (
     try_runner_lock,
 )
 from shared.db.served import read_served
+from shared.metric_plan import versions_of
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +68,7 @@ def _queue_full_on_new_versions(conn: psycopg.Connection[Any], settings: Setting
     served = read_served(conn)
     if served is None:
         return
-    versions = {m.name: settings.metric_version(m) for m in settings.metrics}
-    if served.versions != versions:
+    if served.versions != versions_of(settings.plans.values()):
         busy = conn.execute(
             "SELECT 1 FROM batch_runs WHERE status IN ('queued', 'running') AND mode = 'full'"
         ).fetchone()

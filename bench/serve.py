@@ -96,8 +96,8 @@ def _with_db(url: str, name: str) -> str:
 def load_view(settings: Settings, newest: int, sparse_events: int, seed: int = 1) -> int:
     """Events for 10k keys (50 hot keys with events every minute of the last 26 h, the rest
     sparse), aggregated into batch cells up to W (every window) and speed sub-cells after W."""
-    metric = settings.metrics[0]
-    version = settings.metric_version(metric)
+    metric = settings.plans[settings.metrics[0].name]
+    version = metric.version
     watermark = (newest - HOUR - GRACE) // MINUTE * MINUTE
     rng = random.Random(seed)
     first = newest - 26 * HOUR
@@ -107,7 +107,7 @@ def load_view(settings: Settings, newest: int, sparse_events: int, seed: int = 1
     def add(t: int, page: str, value: float, user: str) -> None:
         base_start = t - t % MINUTE
         if base_start + MINUTE <= watermark:
-            for size in metric.windows:
+            for size in metric.windows_ms:
                 cell = (size, t - t % size, page)
                 state = states.get(cell)
                 if state is None:
@@ -329,7 +329,7 @@ async def raw_reads_ms(settings: Settings, newest: int, page: str, repeats: int 
     metric = settings.metrics[0]
     client = aioredis.Redis.from_url(settings.redis.url)
     view = MergedView(settings, client)
-    version = view.versions[metric.name]
+    version = settings.plans[metric.name].version
     async with await psycopg.AsyncConnection.connect(
         settings.postgres.url, autocommit=True
     ) as conn:

@@ -237,8 +237,8 @@ def measure_freshness(
 def redis_memory(client: redis.Redis, settings: Settings, events: int) -> tuple[float, float]:
     """(bytes per (cell, key) state, bytes of cells + ids per 1M events)."""
     cell_bytes = states = 0
-    for metric in settings.metrics:
-        pattern = f"lp:cell:{metric.name}:{settings.metric_version(metric)}:*"
+    for metric in settings.plans.values():
+        pattern = f"lp:cell:{metric.name}:{metric.version}:*"
         for key in client.scan_iter(match=pattern, count=1000):
             cell_bytes += int(client.memory_usage(key, samples=0) or 0)
             states += int(client.hlen(key))

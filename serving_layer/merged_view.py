@@ -26,7 +26,8 @@ from serving_layer.errors import unavailable
 from serving_layer.pools import AsyncDb
 from serving_layer.timefmt import format_time
 from shared.aggregates import union_sketches
-from shared.config import MetricConfig, Settings
+from shared.config import Settings
+from shared.metric_plan import MetricPlan
 from shared.speed_store import (
     EPOCH_KEY,
     REBUILDING_KEY,
@@ -84,7 +85,7 @@ def parse_state(data: bytes, with_sketches: bool) -> Cell:
     return Cell(count, total, minimum, maximum, sketches, None)
 
 
-def merge_cells(metric: MetricConfig, parts: Sequence[Cell]) -> dict[str, Any] | None:
+def merge_cells(metric: MetricPlan, parts: Sequence[Cell]) -> dict[str, Any] | None:
     """The configured outputs of the merge of `parts`; the stored estimate when only one."""
     parts = [p for p in parts if p.count]
     if not parts:
@@ -315,7 +316,7 @@ class SpeedPointCache:
 
     def point(
         self,
-        metric: MetricConfig,
+        metric: MetricPlan,
         start: int,
         window_ms: int,
         source: str,
@@ -410,19 +411,17 @@ class MergedView:
         self.tops = StampedCache(settings.serving.cache_points)
         """Ranked keys of batch-only `top` windows per (metric, window, start, by)."""
         self.speed_points = SpeedPointCache(settings.serving.speed_cache_bytes)
-        self.versions = {m.name: settings.metric_version(m) for m in settings.metrics}
-        self._partitions = {m.name: settings.source(m.source).partitions for m in settings.metrics}
 
     async def _guarded(
         self,
         db: AsyncDb,
-        metric: MetricConfig,
+        metric: MetricPlan,
         query: str,
         params_for: Any,
     ) -> tuple[Served, str | None, list[tuple[Any, ...]]]:
         """Run a cell read planned against the hinted row until the served row agrees with it.
         `params_for(stamp, W)` plans the read; the rows are those of its last call."""
-        version = self.versions[metric.name]
+        version = metric.version
         stamp, generation, watermark = self.hints.get(metric.name)
         for _ in range(_GUARD_RETRIES):
             params = params_for(stamp, watermark)
@@ -447,7 +446,7 @@ class MergedView:
     async def series(
         self,
         db: AsyncDb,
-        metric: MetricConfig,
+        metric: MetricPlan,
         window_ms: int,
         starts: range,
         key: tuple[str, ...],
@@ -455,7 +454,7 @@ class MergedView:
         """The rendered points of the windows starting at `starts` (a range stepping by
         `window_ms`): batch-only windows from the point cache or PostgreSQL, the window
         straddling W (if any) and the speed windows merged from both stores."""
-        base = metric.base_window
+        base = metric.base_window_ms
         has_distinct = bool(metric.distinct_fields)
         split = [split_starts(starts, window_ms, None)]
         cached: list[dict[int, orjson.Fragment | None]] = [{}]
@@ -473,7 +472,9 @@ class MergedView:
                 if window_ms == base and start in batch:
                     refs[CellRef(base, start)] = False
                     continue
-                plan = plans[start] = plan_window(start, window_ms, base, watermark, metric.windows)
+                plan = plans[start] = plan_window(
+                    start, window_ms, base, watermark, metric.windows_ms
+                )
                 need = has_distinct and len(plan.batch_cells) + len(plan.speed_cells) > 1
                 for ref in plan.batch_cells:
                     refs[ref] = refs.get(ref, False) or need
@@ -508,9 +509,9 @@ class MergedView:
         if speed_bases:
             status, speed_raw = await self.speed.read_key(
                 metric.name,
-                self.versions[metric.name],
+                metric.version,
                 speed_bases,
-                self._partitions[metric.name],
+                metric.source.partitions,
                 encode_key(key),
             )
         else:
@@ -547,13 +548,13 @@ class MergedView:
     async def top(
         self,
         db: AsyncDb,
-        metric: MetricConfig,
+        metric: MetricPlan,
         window_ms: int,
         start: int,
         by: str,
     ) -> tuple[ReadResult, list[tuple[tuple[str, ...], Any]]]:
         """Every key's `by` over one window, best first, ties by key ascending."""
-        base = metric.base_window
+        base = metric.base_window_ms
         sketch_index = 0
         if by.startswith("distinct_"):
             sketch_index = metric.distinct_fields.index(by.removeprefix("distinct_")) + 1
@@ -562,7 +563,7 @@ class MergedView:
         cached: list[Any] = [None]
 
         def params_for(stamp: str | None, watermark: int | None) -> dict[str, Any]:
-            plan_box[:] = [plan_window(start, window_ms, base, watermark, metric.windows)]
+            plan_box[:] = [plan_window(start, window_ms, base, watermark, metric.windows_ms)]
             plan = plan_box[0]
             cached[0] = None if plan.speed_cells else self.tops.get(name, stamp)
             refs = () if cached[0] is not None else plan.batch_cells
@@ -580,7 +581,7 @@ class MergedView:
             ranked, batch_cells = cached[0]
             return ReadResult(watermark, await self.speed.status(), batch_cells=batch_cells), ranked
         plan = (
-            plan_window(start, window_ms, base, None, metric.windows)
+            plan_window(start, window_ms, base, None, metric.windows_ms)
             if watermark is None
             else plan_box[0]
         )
@@ -602,9 +603,9 @@ class MergedView:
             )
         status, speed_raw = await self.speed.read_all(
             metric.name,
-            self.versions[metric.name],
+            metric.version,
             list(plan.speed_cells),
-            self._partitions[metric.name],
+            metric.source.partitions,
         )
         speed_states = 0
         for encoded, states in speed_raw.items():
@@ -629,14 +630,14 @@ class MergedView:
     async def keys(
         self,
         db: AsyncDb,
-        metric: MetricConfig,
+        metric: MetricPlan,
         start: int,
         end: int,
         prefix: str | None,
     ) -> tuple[ReadResult, list[tuple[str, ...]]]:
         """Keys with a cell in `[start, end)`: batch cells before W, speed sub-cells after."""
-        base = metric.base_window
-        version = self.versions[metric.name]
+        base = metric.base_window_ms
+        version = metric.version
         async with db.connection() as conn:
             cursor = await conn.execute(
                 _KEYS_SQL,
@@ -655,7 +656,7 @@ class MergedView:
         first_speed = start if watermark is None else max(start, watermark)
         speed_starts = [s for s in range(_ceil(first_speed, base), end, base)]
         status, fields = await self.speed.read_fields(
-            metric.name, version, speed_starts, self._partitions[metric.name]
+            metric.name, version, speed_starts, metric.source.partitions
         )
         for encoded in fields:
             key = decode_key(encoded)

@@ -85,8 +85,8 @@ class WatermarkAgeCollector(Collector):
             served = None
         if served is not None:
             now_ms = time.time() * 1000
-            for metric in self._settings.metrics:
-                w = served.watermark(metric.name, self._settings.metric_version(metric))
+            for metric in self._settings.plans.values():
+                w = served.watermark(metric.name, metric.version)
                 if w is not None:
                     gauge.add_metric([metric.name], (now_ms - w) / 1000)
         yield gauge

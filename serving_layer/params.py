@@ -6,25 +6,26 @@ from collections.abc import Mapping
 
 from serving_layer.errors import bad_request, not_found
 from serving_layer.timefmt import parse_time
-from shared.config import MetricConfig, Settings
+from shared.config import Settings
 from shared.durations import format_duration, parse_duration
+from shared.metric_plan import MetricPlan
 
 
-def metric_of(settings: Settings, name: str) -> MetricConfig:
-    metric = settings.metric(name)
+def metric_of(settings: Settings, name: str) -> MetricPlan:
+    metric = settings.plan(name)
     if metric is None:
         known = ", ".join(m.name for m in settings.metrics) or "none"
         raise not_found(f"unknown metric {name!r}; configured metrics: {known}")
     return metric
 
 
-def window_of(metric: MetricConfig, text: str) -> int:
-    allowed = ", ".join(format_duration(w) for w in metric.windows)
+def window_of(metric: MetricPlan, text: str) -> int:
+    allowed = ", ".join(format_duration(w) for w in metric.windows_ms)
     try:
         window = parse_duration(text)
     except ValueError:
         raise bad_request(f"window={text!r} is not a duration; use one of {allowed}") from None
-    if window not in metric.windows:
+    if window not in metric.windows_ms:
         raise bad_request(
             f"window {text!r} is not configured for {metric.name}; use one of {allowed}"
         )
@@ -53,7 +54,7 @@ def range_of(start: str, end: str) -> tuple[int, int]:
     return start_ms, end_ms
 
 
-def key_of(metric: MetricConfig, query: Mapping[str, str]) -> tuple[str, ...]:
+def key_of(metric: MetricPlan, query: Mapping[str, str]) -> tuple[str, ...]:
     key = []
     for dim in metric.key:
         value = query.get(dim)
@@ -66,7 +67,7 @@ def key_of(metric: MetricConfig, query: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(key)
 
 
-def by_of(metric: MetricConfig, by: str) -> str:
+def by_of(metric: MetricPlan, by: str) -> str:
     if by not in metric.output_names:
         raise bad_request(
             f"by={by!r} is not an aggregation of {metric.name}; use one of "

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 
 import datasketches as ds
 
-from shared.config import MetricConfig
+from shared.metric_plan import MetricPlan
 
 HLL_LG_K = 12
 _HEADER = struct.Struct("<qdddH")
@@ -117,7 +117,7 @@ class AggState:
     def distinct_estimates(self) -> list[float]:
         return [sketch_estimate(sketch) for sketch in self.sketches]
 
-    def outputs(self, metric: MetricConfig) -> dict[str, float | int | None]:
+    def outputs(self, metric: MetricPlan) -> dict[str, float | int | None]:
         """Exactly the metric's configured aggregations, named as the API names them."""
         return outputs_of(
             metric, self.count, self.total, self.minimum, self.maximum, self.distinct_estimates()
@@ -125,7 +125,7 @@ class AggState:
 
 
 def outputs_of(
-    metric: MetricConfig,
+    metric: MetricPlan,
     count: int,
     total: float,
     minimum: float,

@@ -4,12 +4,12 @@ the bad field and say what is allowed."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import orjson
 from pydantic import (
@@ -31,6 +31,9 @@ from pydantic_settings import (
 
 from shared.durations import format_duration, parse_duration
 from shared.errors import ConfigError
+
+if TYPE_CHECKING:
+    from shared.metric_plan import MetricPlan
 
 Duration = Annotated[int, BeforeValidator(parse_duration)]
 """A duration in milliseconds, written in the YAML as `30s`, `1m`, `1h` or `1d`."""
@@ -344,16 +347,19 @@ class Settings(BaseSettings):
     def metrics_of(self, source: SourceConfig) -> tuple[MetricConfig, ...]:
         return tuple(m for m in self.metrics if m.source == source.name)
 
-    def metric_version(self, metric: MetricConfig) -> str:
-        """A hash of everything that decides a metric's cells: cells of two versions never mix."""
-        source = self.source(metric.source)
-        definition = {
-            "metric": metric.model_dump(mode="json"),
-            "source": source.model_dump(mode="json", exclude={"partitions"}),
-        }
-        return hashlib.sha256(orjson.dumps(definition, option=orjson.OPT_SORT_KEYS)).hexdigest()[
-            :12
-        ]
+    @property
+    def plans(self) -> Mapping[str, MetricPlan]:
+        """Every metric compiled once (`shared.metric_plan`), by name in configured order.
+        Imported here: the plan module builds on this one."""
+        from shared.metric_plan import compile_plans
+
+        return compile_plans(self.sources, self.metrics)
+
+    def plan(self, name: str) -> MetricPlan | None:
+        return self.plans.get(name)
+
+    def plans_of(self, source: SourceConfig) -> tuple[MetricPlan, ...]:
+        return tuple(p for p in self.plans.values() if p.source.name == source.name)
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -17,7 +17,8 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from shared.config import MetricConfig, SourceConfig
+from shared.config import SourceConfig
+from shared.metric_plan import MetricPlan
 
 # Python's datetime range, so every valid event time is also a valid Spark/PostgreSQL timestamp.
 MIN_EVENT_MS = -62_135_596_800_000
@@ -204,7 +205,7 @@ def parse_fields(
     return Malformed("id_invalid", f"the id field {id_field!r} must be str or int")
 
 
-def metric_input(event: SourceEvent, metric: MetricConfig) -> MetricInput | Skipped:
+def metric_input(event: SourceEvent, metric: MetricPlan) -> MetricInput | Skipped:
     """Metric-level validity: the event's canonical key, value and distinct values."""
     for contribution in metric_inputs((event.fields,), metric):
         if type(contribution) is Skipped:
@@ -243,7 +244,7 @@ def _canonical_all(
 
 
 def metric_inputs(
-    events_fields: Iterable[dict[str, Any]], metric: MetricConfig
+    events_fields: Iterable[dict[str, Any]], metric: MetricPlan
 ) -> Iterator[InputFields | Skipped]:
     """`metric_input` over many events' fields, one result per event, as plain tuples: the one
     definition of metric-level validity (checked in order: key dimensions, value, distinct

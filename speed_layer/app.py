@@ -177,10 +177,8 @@ class SpeedWorker:
         with connect(self.settings.postgres.url, autocommit=True) as conn:
             served = read_served(conn)
         watermarks = {
-            m.name: None
-            if served is None
-            else served.watermark(m.name, self.settings.metric_version(m))
-            for m in self.settings.metrics
+            m.name: None if served is None else served.watermark(m.name, m.version)
+            for m in self.settings.plans.values()
         }
         now = time.monotonic()
         for name, w in watermarks.items():
@@ -216,7 +214,7 @@ class SpeedWorker:
             self.store.start_rebuild({member: until})
             stale = self.store.scan_keys(f"lp:ids:{tp.topic}:{tp.partition}:*")
             for metric in processor.metrics:
-                pattern = f"lp:cell:{metric.config.name}:{metric.version}:*:{tp.partition}"
+                pattern = f"lp:cell:{metric.name}:{metric.version}:*:{tp.partition}"
                 stale += self.store.scan_keys(pattern)
             self.store.delete_keys([fence_key(tp.topic, tp.partition), *stale])
             processor.forget(tp.partition)
@@ -334,13 +332,13 @@ class SpeedWorker:
         for topic, partitions in by_topic.items():
             processor = self.processors[topic]
             for metric in processor.metrics:
-                safe = self.safe_watermark(metric.config.name)
+                safe = self.safe_watermark(metric.name)
                 if safe is None:
                     continue
-                prefix = f"lp:cell:{metric.config.name}:{metric.version}:"
+                prefix = f"lp:cell:{metric.name}:{metric.version}:"
                 for key in self.store.scan_keys(prefix + "*"):
                     start, _, partition = key[len(prefix) :].partition(":")
-                    if int(partition) in partitions and int(start) + metric.base <= safe:
+                    if int(partition) in partitions and int(start) + metric.base_window_ms <= safe:
                         cells.append(key)
             prefix = f"lp:ids:{topic}:"
             for key in self.store.scan_keys(prefix + "*"):
@@ -358,7 +356,7 @@ class SpeedWorker:
 
     def _late_for_all(self, processor: SourceProcessor, bucket: int, fence: Fence) -> bool:
         metrics = [
-            (m.base, m.grace, self.watermarks.get(m.config.name)) for m in processor.metrics
+            (m.base_window_ms, m.grace_ms, self.watermarks.get(m.name)) for m in processor.metrics
         ]
         return id_bucket_closed(bucket, processor.id_bucket_ms, metrics, fence.stream_time)
 

@@ -15,7 +15,6 @@ per touched sub-cell, one round trip).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from collections import Counter, defaultdict
@@ -25,7 +24,7 @@ from operator import itemgetter
 from typing import Any, NamedTuple, Protocol
 
 from shared.aggregates import AggState, new_sketch
-from shared.config import MetricConfig, Settings, SourceConfig
+from shared.config import Settings, SourceConfig
 from shared.events import (
     InputFields,
     Malformed,
@@ -33,6 +32,7 @@ from shared.events import (
     metric_inputs,
     parse_fields,
 )
+from shared.metric_plan import versions_digest
 from shared.speed_store import (
     APPLIED,
     FENCE_MOVED,
@@ -86,14 +86,6 @@ class BatchOutcome:
     skipped: Counter[tuple[str, str]] = field(default_factory=Counter)
 
 
-class _Metric(NamedTuple):
-    config: MetricConfig
-    version: str
-    base: int
-    grace: int
-    n_distinct: int
-
-
 Publish = Callable[[str, int, Sequence[Rejected], Sequence[Rejected]], None]
 """Sends a batch's dead letters and late events to Kafka (and waits) before the batch is
 applied, so a crash after the apply never loses them; replays re-send the same keys."""
@@ -114,14 +106,9 @@ class SourceProcessor:
         self.source = source
         self._store = store
         self._publish = publish
-        self.metrics = [
-            _Metric(m, settings.metric_version(m), m.base_window, m.grace, len(m.distinct_fields))
-            for m in settings.metrics_of(source)
-        ]
-        self.id_bucket_ms = min((m.base for m in self.metrics), default=60_000)
-        self.defs = hashlib.sha256(
-            ",".join(sorted(f"{m.config.name}={m.version}" for m in self.metrics)).encode()
-        ).hexdigest()[:12]
+        self.metrics = settings.plans_of(source)
+        self.id_bucket_ms = min((m.base_window_ms for m in self.metrics), default=60_000)
+        self.defs = versions_digest(self.metrics)
         """The metric versions this worker builds cells with (stored in each fence)."""
         self._fences: dict[int, Fence] = {}
 
@@ -228,9 +215,9 @@ class SourceProcessor:
         late_for: dict[int, list[str]] = {}
         groups: list[dict[tuple[int, tuple[str, ...]], list[InputFields]]] = []
         for metric in self.metrics:
-            name = metric.config.name
-            base = metric.base
-            closed_after_grace = base + metric.grace
+            name = metric.name
+            base = metric.base_window_ms
+            closed_after_grace = base + metric.grace_ms
             watermark = watermarks.get(name)
             served_until = _NO_TIME if watermark is None else watermark - base
             cells: defaultdict[tuple[int, tuple[str, ...]], list[InputFields]] = defaultdict(list)
@@ -238,7 +225,7 @@ class SourceProcessor:
             skipped: Counter[str] = Counter()
             late = 0
             for (index, time_ms, as_of, _), contribution in zip(
-                live, metric_inputs(live_fields, metric.config), strict=True
+                live, metric_inputs(live_fields, metric), strict=True
             ):
                 if type(contribution) is Skipped:
                     skipped[contribution.reason] += 1
@@ -297,7 +284,7 @@ class SourceProcessor:
         wanted: dict[str, list[tuple[bytes, int, tuple[int, tuple[str, ...]]]]] = defaultdict(list)
         for index, cells in enumerate(groups):
             metric = self.metrics[index]
-            name, version = metric.config.name, metric.version
+            name, version = metric.name, metric.version
             for slot in cells:
                 start, key = slot
                 wanted[cell_key(name, version, start, partition)].append(
@@ -315,13 +302,13 @@ class SourceProcessor:
             for (encoded, index, slot), previous in zip(fields, stored[name], strict=True):
                 group = groups[index][slot]
                 metric = self.metrics[index]
-                if metric.config.value is None:
+                if metric.value is None:
                     total, minimum, maximum = 0.0, inf, ninf
                 else:
                     values = list(map(values_of, group))
                     total, minimum, maximum = sum(values, 0.0), min(values), max(values)
                 sketches = []
-                if metric.n_distinct:
+                if metric.distinct_fields:
                     columns = zip(*map(distincts_of, group), strict=True)
                     for items in columns:
                         sketch = new_sketch()

@@ -21,14 +21,14 @@ def speed_view_cells(settings: Settings) -> Cells:
     """Every metric's speed cells (partition sub-cells merged), rolled up to every window."""
     client = redis.Redis.from_url(settings.redis.url)
     cells: Cells = {}
-    for metric in settings.metrics:
-        version = settings.metric_version(metric)
+    for metric in settings.plans.values():
+        version = metric.version
         states: dict[tuple[int, int, tuple[str, ...]], list[AggState]] = defaultdict(list)
         for name in client.scan_iter(match=f"lp:cell:{metric.name}:{version}:*", count=1000):
             start = int(name.decode().split(":")[4])
             for encoded, blob in client.hgetall(name).items():
                 state = AggState.from_bytes(blob)
-                for size in metric.windows:
+                for size in metric.windows_ms:
                     states[(size, window_start(start, size), decode_key(encoded))].append(state)
         for (size, start, key), parts in states.items():
             merged = merge_all(parts)
@@ -48,7 +48,7 @@ def batch_view_cells(settings: Settings, conn: Any) -> Cells:
     ).fetchall()
     cells: Cells = {}
     for name, size, start, key, count, total, minimum, maximum, estimates in rows:
-        metric = settings.metric(name)
+        metric = settings.plan(name)
         assert metric is not None, f"batch view holds cells of unknown metric {name}"
         cells[(name, size, start, tuple(key))] = outputs_of(
             metric,

@@ -47,21 +47,21 @@ def _w(watermark: int | None) -> str | None:
 
 
 @router.get("", response_model=MetricList)
-def list_metrics(settings: SettingsDep, view: ViewDep) -> MetricList:
+def list_metrics(settings: SettingsDep) -> MetricList:
     return MetricList(
         metrics=[
             MetricInfo(
                 name=m.name,
-                source=m.source,
+                source=m.source.name,
                 key=list(m.key),
                 value=m.value,
                 aggregations=list(m.output_names),
                 by=list(m.output_names),
-                windows=[format_duration(w) for w in m.windows],
-                grace=format_duration(m.grace) if m.grace else "0s",
-                version=view.versions[m.name],
+                windows=[format_duration(w) for w in m.windows_ms],
+                grace=format_duration(m.grace_ms) if m.grace_ms else "0s",
+                version=m.version,
             )
-            for m in settings.metrics
+            for m in settings.plans.values()
         ]
     )
 
@@ -88,7 +88,7 @@ async def keys(
     start_ms, end_ms = range_of(start, end)
     if not 1 <= limit <= settings.serving.max_keys_limit:
         raise bad_request(f"limit must be between 1 and {settings.serving.max_keys_limit}")
-    base = metric.base_window
+    base = metric.base_window_ms
     check_cells(
         settings,
         (end_ms - start_ms + base - 1) // base,
@@ -136,7 +136,7 @@ async def series(
     starts = window_starts(start_ms, end_ms, window_ms)
     check_cells(
         settings,
-        len(starts) * (window_ms // metric.base_window),
+        len(starts) * (window_ms // metric.base_window_ms),
         "narrow [start, end) or use a larger window",
     )
     result = await view.series(db, metric, window_ms, starts, key)
@@ -178,7 +178,9 @@ async def top(
     by = by_of(metric, by)
     if not 1 <= n <= settings.serving.max_top_n:
         raise bad_request(f"n must be between 1 and {settings.serving.max_top_n}")
-    check_cells(settings, window_ms // metric.base_window, "use a smaller window for top queries")
+    check_cells(
+        settings, window_ms // metric.base_window_ms, "use a smaller window for top queries"
+    )
     start_ms = window_start(at_ms, window_ms)
     end_ms = start_ms + window_ms
     result, ranked = await view.top(db, metric, window_ms, start_ms, by)

@@ -7,7 +7,7 @@ import time
 from fastapi import APIRouter, Request
 
 from serving_layer.auth import ReaderDep
-from serving_layer.deps import DbDep, SettingsDep, ViewDep
+from serving_layer.deps import DbDep, SettingsDep
 from serving_layer.merged_view import speed_status as read_speed_status
 from serving_layer.routes.runs import _iso, run_out
 from serving_layer.schemas import MetricWatermark, PartitionLag, StatusResponse, problems
@@ -22,7 +22,7 @@ router = APIRouter(
 
 
 @router.get("/status", response_model=StatusResponse)
-def status(request: Request, settings: SettingsDep, db: DbDep, view: ViewDep) -> StatusResponse:
+def status(request: Request, settings: SettingsDep, db: DbDep) -> StatusResponse:
     with db.connection() as conn:
         row = conn.execute("SELECT published_at FROM served_view WHERE id = 1").fetchone()
         served = read_served(conn)
@@ -64,8 +64,8 @@ def status(request: Request, settings: SettingsDep, db: DbDep, view: ViewDep) ->
             )
     now_ms = time.time() * 1000
     metrics = []
-    for metric in settings.metrics:
-        version = view.versions[metric.name]
+    for metric in settings.plans.values():
+        version = metric.version
         w = None if served is None else served.watermark(metric.name, version)
         metrics.append(
             MetricWatermark(

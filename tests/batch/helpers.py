@@ -108,9 +108,9 @@ def as_points(settings: Settings, cells: dict[oracle.Cell, RawCell]) -> dict[ora
     """Raw cells as the API's point fields (what the oracle computes)."""
     out = {}
     for cell, (count, total, lo, hi, estimates) in cells.items():
-        metric = settings.metric(cell[0])
+        metric = settings.plan(cell[0])
         assert metric is not None
-        out[cell] = outputs_of(metric, count, total, lo, hi, estimates)  # type: ignore[arg-type]
+        out[cell] = outputs_of(metric, count, total, lo, hi, estimates)
     return out
 
 

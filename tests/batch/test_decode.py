@@ -17,7 +17,7 @@ from tests.conftest import platform_config
 NOW = 1_780_000_000_000
 SETTINGS = Settings(**platform_config("decode"))
 SOURCE = SETTINGS.sources[0]
-METRICS = list(SETTINGS.metrics_of(SOURCE))
+METRICS = SETTINGS.plans_of(SOURCE)
 
 EDGE_CASES: list[bytes | None] = [
     None,

@@ -67,7 +67,7 @@ def server(platform: Platform) -> Iterator[str]:
         random.Random(1), now - 6 * 60 * MINUTE, now, 4000, ["/", "/home", "/search", "/cart"]
     )
     rows, ws = [], {}
-    for metric in settings.metrics:
+    for metric in settings.plans.values():
         rows += batch_rows(settings, metric, events, watermark)
         ws[metric.name] = watermark
         write_speed(settings, metric, events, watermark)

@@ -10,17 +10,21 @@ from hypothesis import strategies as st
 
 from serving_layer.merged_view import Cell, merge_cells, parse_state, split_starts
 from shared.aggregates import AggState, merge_all
-from shared.config import MetricConfig
+from shared.config import MetricConfig, SourceConfig
+from shared.metric_plan import compile_plan
 from shared.windows import plan_window, point_source, window_starts
 
 MINUTE = 60_000
-METRIC = MetricConfig(
-    name="m",
-    source="s",
-    key=("k",),
-    value="v",
-    aggregations=("count", "sum", "min", "max", "avg", "distinct(u)"),
-    windows=(MINUTE, 60 * MINUTE),
+METRIC = compile_plan(
+    MetricConfig(
+        name="m",
+        source="s",
+        key=("k",),
+        value="v",
+        aggregations=("count", "sum", "min", "max", "avg", "distinct(u)"),
+        windows=(MINUTE, 60 * MINUTE),
+    ),
+    SourceConfig(name="s", topic="s", time_field="ts"),
 )
 
 
@@ -41,7 +45,7 @@ def test_split_at_w_matches_each_points_source_and_plan(
     for part, source in ((batch, "batch"), (mixed, "mixed"), (speed, "speed")):
         for start in part:
             assert point_source(start, start + window_ms, watermark) == source
-            plan = plan_window(start, window_ms, MINUTE, watermark, METRIC.windows)
+            plan = plan_window(start, window_ms, MINUTE, watermark, METRIC.windows_ms)
             assert bool(plan.batch_cells) == (source != "speed")
             assert bool(plan.speed_cells) == (source != "batch")
 

@@ -38,7 +38,7 @@ def test_api_conforms_to_its_schema(platform: Platform) -> None:
     settings_ = platform.settings
     events = random_events(random.Random(2), T0 - 3_600_000, T0 + 3_600_000, 300, ["/", "/a"])
     rows, ws = [], {}
-    for metric in settings_.metrics:
+    for metric in settings_.plans.values():
         rows += batch_rows(settings_, metric, events, T0)
         ws[metric.name] = T0
         write_speed(settings_, metric, events, T0)

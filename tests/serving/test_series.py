@@ -32,7 +32,7 @@ def _load(platform: Platform, seed: int, w_offset_min: int) -> tuple[list[Any], 
     events = random_events(rng, T0 - DAY, T0 + DAY, 1500, PAGES)
     watermark = T0 + w_offset_min * MINUTE
     rows, ws = [], {}
-    for metric in platform.settings.metrics:
+    for metric in platform.settings.plans.values():
         rows += batch_rows(platform.settings, metric, events, watermark)
         ws[metric.name] = watermark
         write_speed(platform.settings, metric, events, watermark, seed)
@@ -178,6 +178,6 @@ def test_speed_points_follow_changed_sub_cells(platform: Platform) -> None:
         _check_series(client, platform, events, watermark, MINUTE, *span)
         more = events + random_events(random.Random(7), *span, 400, PAGES)
         redis.Redis.from_url(platform.settings.redis.url).flushdb()
-        for metric in platform.settings.metrics:
+        for metric in platform.settings.plans.values():
             write_speed(platform.settings, metric, more, watermark, seed=8)
         _check_series(client, platform, more, watermark, MINUTE, *span)

@@ -23,7 +23,7 @@ PAGES = [f"/p{i}" for i in range(12)]
 
 
 def _load(platform: Platform, events: list[Event]) -> None:
-    metric = platform.settings.metric("views_by_page")
+    metric = platform.settings.plan("views_by_page")
     assert metric is not None
     publish(platform.settings, batch_rows(platform.settings, metric, events, W), {metric.name: W})
     write_speed(platform.settings, metric, events, W)
@@ -32,7 +32,7 @@ def _load(platform: Platform, events: list[Event]) -> None:
 def test_top_ranks_merged_view(platform: Platform, client: TestClient) -> None:
     events = random_events(random.Random(5), T0 - 2 * HOUR, T0 + 2 * HOUR, 800, PAGES)
     _load(platform, events)
-    metric = platform.settings.metric("views_by_page")
+    metric = platform.settings.plan("views_by_page")
     assert metric is not None
     for by in metric.output_names:
         for at_offset in (-HOUR, 30 * MINUTE, HOUR + 5 * MINUTE):

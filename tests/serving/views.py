@@ -13,8 +13,9 @@ import redis
 
 from batch_layer.publish import Publication, publish_full_generation
 from shared.aggregates import AggState
-from shared.config import MetricConfig, Settings
+from shared.config import Settings
 from shared.db.connect import connect
+from shared.metric_plan import MetricPlan, versions_of
 from shared.speed_store import EPOCH_KEY, cell_key, encode_key, fence_key
 from shared.windows import window_start
 
@@ -27,11 +28,11 @@ class Event:
     user: str
 
 
-def key_of(metric: MetricConfig, event: Event) -> tuple[str, ...]:
+def key_of(metric: MetricPlan, event: Event) -> tuple[str, ...]:
     return event.key if metric.key else ()
 
 
-def _state(metric: MetricConfig, events: Iterable[Event]) -> AggState:
+def _state(metric: MetricPlan, events: Iterable[Event]) -> AggState:
     state = AggState.empty(len(metric.distinct_fields))
     for e in events:
         state.add(e.value if metric.value else None, [e.user] * len(metric.distinct_fields))
@@ -39,14 +40,14 @@ def _state(metric: MetricConfig, events: Iterable[Event]) -> AggState:
 
 
 def batch_rows(
-    settings: Settings, metric: MetricConfig, events: Sequence[Event], watermark: int
+    settings: Settings, metric: MetricPlan, events: Sequence[Event], watermark: int
 ) -> list[tuple[Any, ...]]:
     """Every configured window's cells of the events in base cells ending at or before W."""
-    version = settings.metric_version(metric)
-    base = metric.base_window
+    version = metric.version
+    base = metric.base_window_ms
     before = [e for e in events if window_start(e.time_ms, base) + base <= watermark]
     rows = []
-    for size in metric.windows:
+    for size in metric.windows_ms:
         groups: dict[tuple[int, tuple[str, ...]], list[Event]] = defaultdict(list)
         for e in before:
             groups[(window_start(e.time_ms, size), key_of(metric, e))].append(e)
@@ -71,7 +72,7 @@ def batch_rows(
 
 
 def publish(settings: Settings, rows: list[tuple[Any, ...]], watermarks: dict[str, int]) -> int:
-    versions = {m.name: settings.metric_version(m) for m in settings.metrics}
+    versions = versions_of(settings.plans.values())
     publication = Publication(
         snapshot={s.topic: {} for s in settings.sources},
         watermarks=watermarks,
@@ -86,7 +87,7 @@ def publish(settings: Settings, rows: list[tuple[Any, ...]], watermarks: dict[st
 
 def write_speed(
     settings: Settings,
-    metric: MetricConfig,
+    metric: MetricPlan,
     events: Sequence[Event],
     watermark: int | None,
     seed: int = 0,
@@ -94,9 +95,9 @@ def write_speed(
     """Sub-cells of the events in base cells after W, spread over the source's partitions."""
     client = redis.Redis.from_url(settings.redis.url)
     client.set(EPOCH_KEY, "test-epoch")
-    version = settings.metric_version(metric)
-    base = metric.base_window
-    partitions = settings.source(metric.source).partitions
+    version = metric.version
+    base = metric.base_window_ms
+    partitions = metric.source.partitions
     rng = random.Random(seed)
     groups: dict[tuple[int, int, tuple[str, ...]], list[Event]] = defaultdict(list)
     for e in events:
@@ -110,13 +111,13 @@ def write_speed(
             encode_key(key),
             _state(metric, group).to_bytes(),
         )
-    source = settings.source(metric.source)
+    source = metric.source
     for p in range(partitions):
         pipe.hset(fence_key(source.topic, p), mapping={"offset": 10 + p, "stream_time": 0})
     pipe.execute()
 
 
-def expected(metric: MetricConfig, events: Iterable[Event]) -> dict[str, Any]:
+def expected(metric: MetricPlan, events: Iterable[Event]) -> dict[str, Any]:
     """Brute force: the configured outputs over the events (exact distinct counts)."""
     events = list(events)
     values = [e.value for e in events]

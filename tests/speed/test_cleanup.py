@@ -13,6 +13,7 @@ import redis
 from lambdactl.generator import GeneratorSpec, generate, produce
 from shared.db.connect import connect
 from shared.kafka import create_topics
+from shared.metric_plan import versions_of
 from tests import oracle
 from tests.conftest import Platform
 from tests.speed.support import (
@@ -46,7 +47,7 @@ def test_cells_at_or_before_a_served_w_are_deleted(platform: Platform, tmp_path:
         before = speed_cells(platform)
         w = now - 15 * MINUTE
         assert any(start + size <= w for _, size, start, _ in before)
-        versions = {m.name: settings.metric_version(m) for m in settings.metrics}
+        versions = versions_of(settings.plans.values())
         with connect(settings.postgres.url, autocommit=True) as conn:
             conn.execute(
                 "INSERT INTO served_view (id, generation, snapshot, watermarks, rebuild_from, "

@@ -101,15 +101,15 @@ def _cells(settings: Settings, client: redis.Redis) -> dict[oracle.Cell, dict[st
     """The store's sub-cells rolled up to every window, in the oracle's shape."""
     cells: dict[oracle.Cell, dict[str, Any]] = {}
     stored = _stored_cells(client)
-    for metric in settings.metrics:
-        prefix = f"lp:cell:{metric.name}:{settings.metric_version(metric)}:"
+    for metric in settings.plans.values():
+        prefix = f"lp:cell:{metric.name}:{metric.version}:"
         states: dict[tuple[int, int, tuple[str, ...]], list[AggState]] = defaultdict(list)
         for name, fields in stored.items():
             if not name.startswith(prefix):
                 continue
             start = int(name[len(prefix) :].split(":")[0])
             for encoded, blob in fields.items():
-                for size in metric.windows:
+                for size in metric.windows_ms:
                     key = (size, window_start(start, size), decode_key(encoded))
                     states[key].append(AggState.from_bytes(blob))
         for (size, start, key), parts in states.items():

@@ -84,9 +84,8 @@ def test_changed_metric_definitions_rebuild_the_partitions(
     changed = Platform(
         Settings(**config), config, path, {**platform.env, "LAMBDA_CONFIG": str(path)}
     )
-    assert changed.settings.metric_version(changed.settings.metrics[1]) != settings.metric_version(
-        settings.metrics[1]
-    )
+    name = settings.metrics[1].name
+    assert changed.settings.plans[name].version != settings.plans[name].version
     log = tmp_path / "new.log"
     worker = start_worker(changed, log)
     try:

@@ -22,19 +22,24 @@ from shared.aggregates import (
     sketch_from_bytes,
     union_sketches,
 )
-from shared.config import MetricConfig
+from shared.config import MetricConfig, SourceConfig
+from shared.metric_plan import compile_plan
 
 RSE = 1.04 / math.sqrt(2**HLL_LG_K)  # ~1.6%: the HLL relative standard error at lg_k 12
 
 Event = tuple[float, tuple[str, str]]
 
-METRIC = MetricConfig(
-    name="m",
-    source="s",
-    key=("page",),
-    value="lat",
-    aggregations=("max", "count", "distinct(user)", "avg", "sum", "min", "distinct(session)"),
-    windows=("1m",),
+SOURCE = SourceConfig(name="s", topic="s", time_field="ts")
+METRIC = compile_plan(
+    MetricConfig(
+        name="m",
+        source="s",
+        key=("page",),
+        value="lat",
+        aggregations=("max", "count", "distinct(user)", "avg", "sum", "min", "distinct(session)"),
+        windows=("1m",),
+    ),
+    SOURCE,
 )
 
 
@@ -324,7 +329,7 @@ def test_outputs_are_exactly_the_configured_names_in_order() -> None:
 
 
 def test_outputs_of_a_count_only_metric() -> None:
-    metric = MetricConfig(name="c", source="s", windows=("1m",))
+    metric = compile_plan(MetricConfig(name="c", source="s", windows=("1m",)), SOURCE)
     state = AggState.empty(0)
     state.add(None, ())
     assert state.outputs(metric) == {"count": 1}

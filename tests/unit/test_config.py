@@ -349,10 +349,9 @@ def test_defaults_of_a_metric() -> None:
 
 
 def version_of(config: dict[str, Any], name: str = "views_by_page") -> str:
-    settings = Settings(**config)
-    found = settings.metric(name)
+    found = Settings(**config).plan(name)
     assert found is not None
-    return settings.metric_version(found)
+    return found.version
 
 
 def test_version_is_stable_for_equal_definitions() -> None:

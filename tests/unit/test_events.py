@@ -23,6 +23,7 @@ from shared.events import (
     parse_event_time,
     parse_record,
 )
+from shared.metric_plan import compile_plan
 
 T0 = 1_704_067_200_000  # 2024-01-01T00:00:00Z
 MIN = 60_000
@@ -30,15 +31,18 @@ CREATE = T0 + 3_600_000  # a CreateTime well after T0
 
 SOURCE = SourceConfig(name="pv", topic="pv", time_field="ts", id_field="id", max_future="5m")
 NO_ID = SourceConfig(name="plain", topic="plain", time_field="ts")
-METRIC = MetricConfig(
-    name="by_page",
-    source="pv",
-    key=("page", "country"),
-    value="lat",
-    aggregations=("count", "sum", "distinct(user)"),
-    windows=("1m",),
+METRIC = compile_plan(
+    MetricConfig(
+        name="by_page",
+        source="pv",
+        key=("page", "country"),
+        value="lat",
+        aggregations=("count", "sum", "distinct(user)"),
+        windows=("1m",),
+    ),
+    SOURCE,
 )
-COUNT_ONLY = MetricConfig(name="total", source="pv", windows=("1m",))
+COUNT_ONLY = compile_plan(MetricConfig(name="total", source="pv", windows=("1m",)), SOURCE)
 
 
 def encode(value: Any) -> bytes:

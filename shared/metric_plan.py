@@ -1,0 +1,113 @@
+"""A metric compiled once: everything each layer needs to know about a configured metric,
+derived from its `MetricConfig` and its source's `SourceConfig` in one place.
+
+The layers read a metric only through its plan, so the version (the name its cells are stored
+under), the base window, the distinct fields and the fields an event must carry are decided
+here and nowhere else. `compile_plans` is what `Settings.plans` returns."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from types import MappingProxyType
+
+import orjson
+
+from shared.config import MetricConfig, SourceConfig
+
+
+@dataclass(frozen=True, slots=True)
+class MetricPlan:
+    """One metric as every layer uses it. Durations are epoch milliseconds."""
+
+    name: str
+    version: str
+    """First 12 hex digits of a SHA-256 over the metric's and its source's definitions (the
+    source's partition count excluded): cells of two versions are never merged."""
+    config: MetricConfig
+    source: SourceConfig
+    key: tuple[str, ...]
+    """The key dimensions, in configured order (empty: one global series)."""
+    value: str | None
+    """The numeric field `sum`/`min`/`max`/`avg` read, or None when no aggregation needs one."""
+    aggregations: tuple[str, ...]
+    distinct_fields: tuple[str, ...]
+    """The fields of the `distinct(<field>)` aggregations, in configured order."""
+    output_names: tuple[str, ...]
+    """The names a point carries: `count`, ..., `distinct_<field>`, in configured order."""
+    base_window_ms: int
+    """The smallest window: the cell size both layers store."""
+    windows_ms: tuple[int, ...]
+    """Every configured window, ascending (the base window first)."""
+    grace_ms: int
+    fields_read: tuple[str, ...]
+    """The event fields the metric reads besides the source's time and id fields: key
+    dimensions, the value field, then distinct fields, each once."""
+
+    @property
+    def text_fields(self) -> tuple[str, ...]:
+        """The fields read as canonical text (key dimensions, then distinct fields), once each."""
+        return tuple(dict.fromkeys((*self.key, *self.distinct_fields)))
+
+
+def _version(metric: MetricConfig, source: SourceConfig) -> str:
+    """The one hash of a metric's definition in the code base; see `MetricPlan.version`."""
+    definition = {
+        "metric": metric.model_dump(mode="json"),
+        "source": source.model_dump(mode="json", exclude={"partitions"}),
+    }
+    digest = hashlib.sha256(orjson.dumps(definition, option=orjson.OPT_SORT_KEYS))
+    return digest.hexdigest()[:12]
+
+
+def compile_plan(metric: MetricConfig, source: SourceConfig) -> MetricPlan:
+    """The plan of `metric`, whose source is `source`."""
+    if metric.source != source.name:
+        raise ValueError(
+            f"metric {metric.name!r} reads source {metric.source!r}, not {source.name!r}"
+        )
+    windows = tuple(sorted(metric.windows))
+    value = () if metric.value is None else (metric.value,)
+    return MetricPlan(
+        name=metric.name,
+        version=_version(metric, source),
+        config=metric,
+        source=source,
+        key=metric.key,
+        value=metric.value,
+        aggregations=metric.aggregations,
+        distinct_fields=metric.distinct_fields,
+        output_names=metric.output_names,
+        base_window_ms=windows[0],
+        windows_ms=windows,
+        grace_ms=metric.grace,
+        fields_read=tuple(dict.fromkeys((*metric.key, *value, *metric.distinct_fields))),
+    )
+
+
+@lru_cache(maxsize=16)
+def compile_plans(
+    sources: tuple[SourceConfig, ...], metrics: tuple[MetricConfig, ...]
+) -> Mapping[str, MetricPlan]:
+    """Every metric's plan by name, in configured order, compiled once per definition.
+
+    Cached on the (frozen, hashable) source and metric tuples rather than on the settings
+    object: `Settings` itself is not hashable (it holds dicts such as `spark.conf`), and a
+    cache stored on the instance would be copied, stale, by `model_copy(update=...)`. Keyed on
+    the definitions, a lookup can never answer for other definitions."""
+    by_name = {s.name: s for s in sources}
+    return MappingProxyType({m.name: compile_plan(m, by_name[m.source]) for m in metrics})
+
+
+def versions_of(plans: Iterable[MetricPlan]) -> dict[str, str]:
+    """Metric name -> version, as the served row records them."""
+    return {p.name: p.version for p in plans}
+
+
+def versions_digest(plans: Iterable[MetricPlan]) -> str:
+    """One text for a set of metric versions (a speed fence records its source's): a digest of
+    the versions, not of the definitions again."""
+    pairs = ",".join(sorted(f"{p.name}={p.version}" for p in plans))
+    return hashlib.sha256(pairs.encode()).hexdigest()[:12]

@@ -1,0 +1,198 @@
+"""The metric plan: one compiled definition per metric, its version pinned so stored cells stay
+valid across code changes."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.config import MetricConfig, Settings, SourceConfig
+from shared.metric_plan import (
+    MetricPlan,
+    compile_plan,
+    compile_plans,
+    versions_digest,
+    versions_of,
+)
+
+MIN = 60_000
+HOUR = 60 * MIN
+DAY = 24 * HOUR
+
+CONFIG: dict[str, Any] = {
+    "sources": [
+        {
+            "name": "pageviews",
+            "topic": "pageviews",
+            "time_field": "ts",
+            "id_field": "event_id",
+            "partitions": 4,
+        }
+    ],
+    "metrics": [
+        {
+            "name": "views_by_page",
+            "source": "pageviews",
+            "key": ["page"],
+            "value": "latency_ms",
+            "aggregations": ["count", "sum", "min", "max", "avg", "distinct(user_id)"],
+            "windows": ["1d", "1m", "1h"],
+            "grace": "2m",
+        },
+        {
+            "name": "views_total",
+            "source": "pageviews",
+            "aggregations": ["count", "distinct(user_id)"],
+            "windows": ["1m", "1h"],
+            "grace": "2m",
+        },
+    ],
+}
+
+GOLDEN = {"views_by_page": "5121f45ce182", "views_total": "5dc7ae7ee168"}
+"""Computed with `Settings.metric_version` before the plan existed: cells stored under these
+names (Redis keys, `batch_cells.version`, the served row) must stay readable."""
+
+
+def config() -> dict[str, Any]:
+    return copy.deepcopy(CONFIG)
+
+
+def plan_of(config: dict[str, Any], name: str = "views_by_page") -> MetricPlan:
+    found = Settings(**config).plan(name)
+    assert found is not None
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _no_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No `LAMBDA_*` variable and no `lambda.yaml` leak into the settings."""
+    for name in list(os.environ):
+        if name.startswith("LAMBDA_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
+def test_versions_equal_the_golden_hashes() -> None:
+    settings = Settings(**config())
+    assert versions_of(settings.plans.values()) == GOLDEN
+
+
+def test_the_plan_holds_the_compiled_definition() -> None:
+    plan = plan_of(config())
+    assert plan.name == "views_by_page"
+    assert plan.source.name == "pageviews"
+    assert plan.config.name == "views_by_page"
+    assert plan.key == ("page",)
+    assert plan.value == "latency_ms"
+    assert plan.aggregations == ("count", "sum", "min", "max", "avg", "distinct(user_id)")
+    assert plan.distinct_fields == ("user_id",)
+    assert plan.output_names == ("count", "sum", "min", "max", "avg", "distinct_user_id")
+    assert plan.base_window_ms == MIN
+    assert plan.grace_ms == 2 * MIN
+
+
+def test_windows_are_ascending_and_the_smallest_is_the_base() -> None:
+    plan = plan_of(config())
+    assert plan.windows_ms == (MIN, HOUR, DAY)
+    assert plan.base_window_ms == plan.windows_ms[0]
+
+
+def test_fields_read() -> None:
+    assert plan_of(config()).fields_read == ("page", "latency_ms", "user_id")
+    assert plan_of(config(), "views_total").fields_read == ("user_id",)
+    changed = config()
+    changed["metrics"][0]["key"] = ["page", "user_id"]
+    changed["metrics"][0]["aggregations"] = ["count", "distinct(session)", "distinct(user_id)"]
+    changed["metrics"][0]["value"] = None
+    plan = plan_of(changed)
+    assert plan.fields_read == ("page", "user_id", "session")
+    assert plan.text_fields == ("page", "user_id", "session")
+
+
+def test_a_plan_is_immutable() -> None:
+    plan = plan_of(config())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.version = "x"  # type: ignore[misc]
+    assert not hasattr(plan, "__dict__")
+
+
+def test_plans_are_compiled_once_per_definition() -> None:
+    settings = Settings(**config())
+    assert settings.plans is settings.plans
+    assert list(settings.plans) == ["views_by_page", "views_total"]
+    assert settings.plan("no_such_metric") is None
+    assert settings.plans_of(settings.sources[0]) == tuple(settings.plans.values())
+    again = Settings(**config())
+    assert again.plans is settings.plans
+    assert compile_plans.cache_info().hits > 0
+
+
+def test_a_copy_with_other_metrics_gets_their_plans() -> None:
+    settings = Settings(**config())
+    assert settings.plans
+    copied = settings.model_copy(update={"metrics": settings.metrics[1:]})
+    assert list(copied.plans) == ["views_total"]
+
+
+def test_version_ignores_the_partition_count_and_other_settings() -> None:
+    changed = config()
+    changed["sources"][0]["partitions"] = 12
+    changed["kafka"] = {"bootstrap_servers": "elsewhere:9092"}
+    changed["metrics"].append({"name": "other", "source": "pageviews", "windows": ["1m"]})
+    assert plan_of(changed).version == GOLDEN["views_by_page"]
+    assert plan_of(changed).source.partitions == 12
+
+
+@pytest.mark.parametrize(
+    ("where", "field", "value"),
+    [
+        ("metric", "key", ["page", "country"]),
+        ("metric", "key", []),
+        ("metric", "value", "bytes"),
+        ("metric", "aggregations", ["count", "sum", "min", "max", "avg"]),
+        ("metric", "aggregations", ["sum", "count", "min", "max", "avg", "distinct(user_id)"]),
+        ("metric", "windows", ["1m", "1h"]),
+        ("metric", "windows", ["5m", "1h", "1d"]),
+        ("metric", "grace", "3m"),
+        ("metric", "grace", 0),
+        ("source", "topic", "pageviews2"),
+        ("source", "time_field", "event_time"),
+        ("source", "id_field", None),
+        ("source", "max_future", "10m"),
+    ],
+)
+def test_version_changes_with_any_definition_field(where: str, field: str, value: object) -> None:
+    changed = config()
+    target = changed["metrics"][0] if where == "metric" else changed["sources"][0]
+    target[field] = value
+    assert plan_of(changed).version != GOLDEN["views_by_page"]
+
+
+def test_version_changes_with_the_names() -> None:
+    changed = config()
+    changed["metrics"][0]["name"] = "views_by_page2"
+    assert plan_of(changed, "views_by_page2").version != GOLDEN["views_by_page"]
+    changed = config()
+    changed["sources"][0]["name"] = "pv"
+    for metric in changed["metrics"]:
+        metric["source"] = "pv"
+    assert plan_of(changed).version != GOLDEN["views_by_page"]
+
+
+def test_compile_plan_refuses_another_source() -> None:
+    metric = MetricConfig(name="m", source="a", windows=("1m",))
+    with pytest.raises(ValueError, match="reads source 'a'"):
+        compile_plan(metric, SourceConfig(name="b", topic="b", time_field="ts"))
+
+
+def test_the_fence_digest_of_versions_is_pinned() -> None:
+    """The digest a speed fence records (a worker compares it on assignment, rule 3)."""
+    plans = Settings(**config()).plans.values()
+    assert versions_digest(plans) == "4b9f7d5044ae"
+    assert versions_digest(reversed(list(plans))) == "4b9f7d5044ae"
