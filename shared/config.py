@@ -38,7 +38,10 @@ if TYPE_CHECKING:
 Duration = Annotated[int, BeforeValidator(parse_duration)]
 """A duration in milliseconds, written in the YAML as `30s`, `1m`, `1h` or `1d`."""
 
-RESERVED_DIMENSIONS = frozenset({"window", "start", "end", "at", "by", "n", "limit", "prefix"})
+RESERVED_DIMENSIONS = frozenset(
+    {"window", "start", "end", "at", "by", "n", "limit", "prefix", "group_by", "step", "tz", "q"}
+)
+"""Query parameter names (the query API's own and those slicing queries take)."""
 PLAIN_AGGREGATIONS = ("count", "sum", "min", "max", "avg")
 VALUE_AGGREGATIONS = frozenset({"sum", "min", "max", "avg"})
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_\-]{0,62}")

@@ -175,7 +175,10 @@ def test_missing_lambda_config_file_is_named(
 # --------------------------------------------------------------------------- bad configs
 
 
-@pytest.mark.parametrize("dim", ["window", "start", "end", "at", "by", "n", "limit", "prefix"])
+@pytest.mark.parametrize(
+    "dim",
+    ["window", "start", "end", "at", "by", "n", "limit", "prefix", "group_by", "step", "tz", "q"],
+)
 def test_reserved_dimension_names_are_refused(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, dim: str
 ) -> None:
