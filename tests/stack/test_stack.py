@@ -9,8 +9,9 @@ import shutil
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import psycopg
 import pytest
@@ -22,6 +23,8 @@ from lambdactl.kafka_broker import kafka_version
 from lambdactl.stack import ServiceState, stack_down, stack_status, stack_up
 from shared.config import Settings
 from shared.errors import ServiceUnavailableError
+
+T = TypeVar("T")
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
 
@@ -35,7 +38,20 @@ COORDINATOR_MOVING = (
     KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
     KafkaError.COORDINATOR_NOT_AVAILABLE,
 )
-"""What a client is told while the group coordinator loads its offsets after a restart."""
+"""What a client is told while the group coordinator starts: the offsets topic is created on
+a new broker's first group request, and loaded after a restart."""
+
+
+def _while_coordinator_moves(call: Callable[[], T], limit_s: float = 30.0) -> T:
+    """`call()`, retried while the group coordinator is not ready yet."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            assert exc.args[0].code() in COORDINATOR_MOVING, exc
+            assert time.monotonic() < deadline, exc
+            time.sleep(0.5)
 
 
 def _settings(data_dir: Path, kafka: str = KAFKA) -> Settings:
@@ -163,22 +179,14 @@ def test_kafka_is_apache_kafka_and_keeps_records_and_offsets_across_restarts(
     assert producer.flush(30) == 0
     committed = [TopicPartition("durable", 0, 30), TopicPartition("durable", 1, 40)]
     group = Consumer({"bootstrap.servers": KAFKA, "group.id": "durable-group"})
-    group.commit(offsets=committed, asynchronous=False)
+    _while_coordinator_moves(lambda: group.commit(offsets=committed, asynchronous=False))
     group.close()
 
     def survived() -> None:
         probe = Consumer({"bootstrap.servers": KAFKA, "group.id": "durable-group"})
         try:
             parts = [TopicPartition("durable", p) for p in (0, 1)]
-            deadline = time.monotonic() + 30
-            while True:  # the group coordinator loads its offsets after a restart
-                try:
-                    got = probe.committed(parts, timeout=10)
-                    break
-                except KafkaException as exc:
-                    assert exc.args[0].code() in COORDINATOR_MOVING, exc
-                    assert time.monotonic() < deadline, exc
-                    time.sleep(0.5)
+            got = _while_coordinator_moves(lambda: probe.committed(parts, timeout=10))
             assert [(tp.partition, tp.offset) for tp in got] == [(0, 30), (1, 40)]
             ends = [probe.get_watermark_offsets(tp, timeout=10)[1] for tp in parts]
             assert ends == [50, 50]
