@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import re
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -136,6 +137,17 @@ def wait_for_assignment(log: Path, want: set[int], timeout_s: float) -> float:
     return time.monotonic() - started
 
 
+def start_second_worker_after_first(
+    platform: Platform, logs: list[Path], every: set[int]
+) -> list[subprocess.Popen[bytes]]:
+    """Two workers of one group; the second joins once the first holds every partition, so
+    its arrival is a rebalance of a running group."""
+    workers = [start_worker(platform, logs[0])]
+    wait_for_assignment(logs[0], every, 60)
+    workers.append(start_worker(platform, logs[1]))
+    return workers
+
+
 def test_two_workers_one_killed_survivor_takes_over(platform: Platform, tmp_path: Path) -> None:
     platform = small_batches_with_history(platform, 3000, seed=31)
     settings = platform.settings
@@ -145,9 +157,7 @@ def test_two_workers_one_killed_survivor_takes_over(platform: Platform, tmp_path
     now = int(time.time() * 1000) // MINUTE * MINUTE
 
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
-    workers = [start_worker(platform, logs[0])]
-    wait_for_assignment(logs[0], every, 60)
-    workers.append(start_worker(platform, logs[1]))
+    workers = start_second_worker_after_first(platform, logs, every)
     try:
         for log in logs:
             wait_for_log(log, "event=position")
@@ -199,9 +209,7 @@ def test_a_worker_joins_and_one_leaves_mid_stream(platform: Platform, tmp_path: 
     every = set(range(settings.sources[0].partitions))
     now = int(time.time() * 1000) // MINUTE * MINUTE
     logs = [tmp_path / f"w{i}.log" for i in range(3)]
-    workers = [start_worker(platform, logs[0])]
-    wait_for_assignment(logs[0], every, 60)
-    workers.append(start_worker(platform, logs[1]))
+    workers = start_second_worker_after_first(platform, logs, every)
     try:
         wait_for_log(logs[1], "event=position")
 
