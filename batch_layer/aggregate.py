@@ -13,6 +13,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from batch_layer.decode import InputLayout
+from batch_layer.errors import UnpackablePositionError
 from batch_layer.rebuild_index import RebuildIndex, next_rebuild_index
 from shared.aggregates import HLL_LG_K
 from shared.config import SourceConfig
@@ -242,7 +243,7 @@ def _positions(copies: pa.Table) -> np.ndarray:
     partitions = copies.column("partition").to_numpy().astype(np.int64)
     offsets = copies.column("offset").to_numpy().astype(np.int64)
     if len(offsets) and (offsets.max() >> _POSITION_BITS or partitions.max() >> _PARTITION_BITS):
-        raise ValueError(
+        raise UnpackablePositionError(
             f"a copy at partition {partitions.max()} / offset {offsets.max()} is past what a "
             f"position packs (2**{_PARTITION_BITS} partitions, 2**{_POSITION_BITS} offsets)"
         )

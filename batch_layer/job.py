@@ -32,6 +32,7 @@ from psycopg.types.json import Jsonb
 from pyspark.sql import SparkSession
 
 from batch_layer.aggregate import IdLookup, SourceResult, aggregate_source
+from batch_layer.errors import LogRewoundError, RunNotExecutable
 from batch_layer.kafka_source import plan_slices
 from batch_layer.progress import SPARK_SHARE, RunProgress
 from batch_layer.publish import (
@@ -52,10 +53,6 @@ from shared.metric_plan import versions_of
 from shared.windows import window_start
 
 log = logging.getLogger(__name__)
-
-
-class RunNotExecutable(RuntimeError):
-    """The run cannot start (unknown, cancelled or already finished)."""
 
 
 @dataclass
@@ -163,7 +160,7 @@ def _plan(
         for topic, ends in snapshot.items():
             for partition, end in ends.items():
                 if end < served.snapshot.get(topic, {}).get(partition, 0):
-                    raise RuntimeError(
+                    raise LogRewoundError(
                         f"{topic}[{partition}] ends at offset {end}, before the served snapshot; "
                         "the topic was recreated: queue a full run"
                     )

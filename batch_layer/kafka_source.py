@@ -42,6 +42,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from batch_layer.decode import Decoder, InputLayout
+from batch_layer.errors import ReadStalledError
 from shared.config import MetricConfig, SourceConfig
 from shared.gc_tuning import collector_paused
 from shared.metric_plan import MetricPlan, compile_plan
@@ -192,7 +193,7 @@ def read_slice(bootstrap: str, topic: str, part: Slice) -> Iterator[Records]:
             if current > position:
                 position, last_progress = current, time.monotonic()
             elif time.monotonic() - last_progress > _STALL_S:
-                raise TimeoutError(
+                raise ReadStalledError(
                     f"reading {topic}[{part.partition}] stalled at offset {position} before the "
                     f"snapshot end {part.end}; is the broker healthy?"
                 )

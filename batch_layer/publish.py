@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from psycopg import sql
 
+from batch_layer.errors import PublicationConflict
 from shared.db.served import read_served
 from shared.faults import fault_point
 
@@ -346,10 +347,6 @@ def _flip(conn: psycopg.Connection[Any], generation: int, publication: Publicati
             Jsonb(publication.rebuild_index),
         ],
     )
-
-
-class PublicationConflict(RuntimeError):
-    """The served row changed under a run (another writer published): retry the run."""
 
 
 CellRow = tuple[Any, ...]

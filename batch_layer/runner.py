@@ -18,7 +18,8 @@ from typing import Any
 
 import psycopg
 
-from batch_layer.job import RunNotExecutable, execute_run
+from batch_layer.errors import RunNotExecutable
+from batch_layer.job import execute_run
 from batch_layer.schedule import Schedule
 from shared.config import Settings
 from shared.db.connect import connect

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from batch_layer.errors import CronError
+
 _RANGES = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
-
-
-class CronError(ValueError):
-    """The schedule is not `hourly` or a valid 5-field cron expression."""
 
 
 def _field(text: str, lo: int, hi: int) -> frozenset[int]:

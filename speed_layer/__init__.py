@@ -1,5 +1,8 @@
-"""Speed layer: Faust workers keeping real-time event-time cells in Redis, exactly once."""
+"""Speed layer: Faust workers keeping real-time event-time cells in Redis, exactly once.
+
+Public surface: `run_worker`; its errors derive from `SpeedError` (`speed_layer.errors`)."""
 
 from speed_layer.app import run_worker
+from speed_layer.errors import SpeedError
 
-__all__ = ["run_worker"]
+__all__ = ["SpeedError", "run_worker"]

@@ -55,6 +55,7 @@ from shared.speed_store import (
     fence_key,
 )
 from speed_layer.consumer import BatchConsumer, BatchTransport
+from speed_layer.errors import SideTopicError
 from speed_layer.metrics import SpeedMetrics
 from speed_layer.processor import KafkaRecord, Rejected, SourceProcessor
 
@@ -112,7 +113,7 @@ class SpeedWorker:
         retry, failures = failures, []
         for target_topic, item, header, error in retry:
             if not _too_large(error) or item.value is None:
-                raise RuntimeError(
+                raise SideTopicError(
                     f"could not publish {target_topic} record {item.offset}: {error}; the "
                     "batch is not applied (it is read again on restart)"
                 )
@@ -128,7 +129,7 @@ class SpeedWorker:
         if retry:
             self._flush()
         if failures:
-            raise RuntimeError(f"could not publish dead letters / late events: {failures[0][3]}")
+            raise SideTopicError(f"could not publish dead letters / late events: {failures[0][3]}")
 
     def _produce(
         self,
@@ -165,7 +166,7 @@ class SpeedWorker:
     def _flush(self) -> None:
         remaining = self.producer.flush(30)
         if remaining:
-            raise RuntimeError(
+            raise SideTopicError(
                 f"{remaining} dead letters / late events were not delivered to Kafka within "
                 "30 s; the batch is not applied (it is read again on restart)"
             )

@@ -6,7 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from batch_layer.schedule import CronError, Schedule
+from batch_layer.errors import CronError
+from batch_layer.schedule import Schedule
 
 
 def at(text: str) -> datetime:

@@ -1,0 +1,35 @@
+"""The batch layer's errors; each message says what happened and what to do."""
+
+from __future__ import annotations
+
+from shared.errors import LambdaError
+
+
+class BatchError(LambdaError):
+    """Base class of the errors the batch layer raises on purpose; a run that raises one is
+    marked failed with its message."""
+
+
+class RunNotExecutable(BatchError):
+    """The run cannot start (unknown, cancelled or already finished)."""
+
+
+class PublicationConflict(BatchError):
+    """The served row changed under an incremental or range run (another writer published):
+    retry the run."""
+
+
+class LogRewoundError(BatchError):
+    """A partition ends before the served snapshot: the topic was recreated."""
+
+
+class ReadStalledError(BatchError, TimeoutError):
+    """Reading a slice made no progress before its snapshot end."""
+
+
+class UnpackablePositionError(BatchError, ValueError):
+    """A record's (partition, offset) is past what the packed de-dup position holds."""
+
+
+class CronError(BatchError, ValueError):
+    """A `batch.schedule` that is neither 'hourly' nor a valid 5-field cron expression."""
