@@ -24,8 +24,12 @@ def test_slices_of_a_partition_larger_than_the_default_response_limit(
 ) -> None:
     create_topics(platform.settings)
     topic = platform.settings.sources[0].topic
-    producer = Producer(
-        {"bootstrap.servers": platform.settings.kafka.bootstrap_servers, "linger.ms": 20}
+    producer = Producer(  # idempotent: a retried batch keeps its place, so offset i holds i
+        {
+            "bootstrap.servers": platform.settings.kafka.bootstrap_servers,
+            "linger.ms": 20,
+            "enable.idempotence": True,
+        }
     )
     for i in range(_RECORDS):
         producer.produce(topic, str(i).encode().ljust(_RECORD_BYTES, b" "), partition=0)
