@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import orjson
 from confluent_kafka import KafkaError, Producer
 
+from shared.errors import LambdaError
+
 PAGES = [f"/page/{i}" for i in range(40)] + ["/", "/search", "/cart", "/checkout"]
 
 
@@ -72,6 +74,10 @@ def generate(spec: GeneratorSpec) -> Iterator[SampleRecord]:
             yield record
 
 
+class ProduceError(LambdaError):
+    """Records were not delivered; the CLI prints the message instead of a traceback."""
+
+
 def produce(bootstrap: str, topic: str, records: Iterator[SampleRecord]) -> int:
     """Send with an idempotent producer keyed by event id (copies share a partition); fails
     loudly when the broker refused any record (e.g. the topic does not exist)."""
@@ -97,9 +103,9 @@ def produce(bootstrap: str, topic: str, records: Iterator[SampleRecord]) -> int:
             producer.poll(0)
     remaining = producer.flush(60)
     if remaining:
-        raise RuntimeError(f"{remaining} records were not delivered to {topic!r} within 60 s")
+        raise ProduceError(f"{remaining} records were not delivered to {topic!r} within 60 s")
     if failed:
-        raise RuntimeError(
+        raise ProduceError(
             f"{len(failed)} of {sent} records were refused by {topic!r}: {failed[0]} "
             "(`lambdactl topics create` creates the configured topics)"
         )
