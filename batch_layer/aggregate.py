@@ -15,7 +15,12 @@ from pyspark.sql import functions as F
 from batch_layer.decode import InputLayout
 from batch_layer.errors import UnpackablePositionError
 from batch_layer.rebuild_index import RebuildIndex, next_rebuild_index
-from shared.aggregates import HLL_LG_K
+from shared.aggregations import (
+    PLAIN_COLUMNS,
+    SketchKind,
+    spark_plain_merge,
+    spark_plain_partial,
+)
 from shared.config import SourceConfig
 from shared.metric_plan import MetricPlan
 
@@ -35,18 +40,37 @@ class SourceResult:
     skipped: dict[str, int]
 
 
-_PLAIN = ("count", "sum", "min", "max")
-"""The plain aggregate columns of a cell, merged by sum/sum/min/max."""
+def _slots_of_kind(metric: MetricPlan, kind: SketchKind) -> list[int]:
+    """The metric's sketch slots of `kind`, in slot order."""
+    return [slot for slot, k in enumerate(metric.kinds) if k is kind]
+
+
+def _kinds(metrics: Sequence[MetricPlan]) -> dict[SketchKind, int]:
+    """Each sketch kind the metrics use, with the most slots of it any one metric has: the
+    width of its input array and of its sketch columns `<kind>_<i>`."""
+    widths: dict[SketchKind, int] = {}
+    for m in metrics:
+        for kind in m.kinds:
+            widths[kind] = max(widths.get(kind, 0), len(_slots_of_kind(m, kind)))
+    return widths
 
 
 def metric_inputs(events: DataFrame, metrics: Sequence[MetricPlan]) -> DataFrame:
-    """(metric, base window, time, key, value, distincts) of every event each metric uses:
-    one row per (event, metric), generated from one scan of the events (whose columns are
-    laid out by `InputLayout`)."""
+    """(metric, base window, time, key, value, one item array per sketch kind) of every event
+    each metric uses: one row per (event, metric), generated from one scan of the events
+    (whose columns are laid out by `InputLayout`)."""
     layout = InputLayout.of(metrics)
+    kinds = _kinds(metrics)
 
     def texts(names: Sequence[str]) -> Column:
         return F.array(*[F.col(layout.text_column(name)) for name in names]).cast("array<string>")
+
+    def items(m: MetricPlan, kind: SketchKind) -> Column:
+        inputs = [m.sketch_inputs[slot] for slot in _slots_of_kind(m, kind)]
+        if kind.reads == "text":
+            return texts([i.field for i in inputs])
+        numbers = [F.col(layout.number_column(i.field)) for i in inputs]
+        return F.array(*numbers).cast("array<double>")
 
     per_metric = F.array(
         *[
@@ -57,7 +81,7 @@ def metric_inputs(events: DataFrame, metrics: Sequence[MetricPlan]) -> DataFrame
                 (F.lit(None) if m.value is None else F.col(layout.number_column(m.value)))
                 .cast("double")
                 .alias("value"),
-                texts(m.distinct_fields).alias("distincts"),
+                *[items(m, kind).alias(f"in_{kind.name}") for kind in kinds],
                 F.col(f"s{i}").alias("skipped"),
             )
             for i, m in enumerate(metrics)
@@ -81,101 +105,100 @@ def _tasks(frame: DataFrame) -> int:
     return int(frame.sparkSession.conf.get("spark.sql.shuffle.partitions") or 8)
 
 
-def _width(metrics: Sequence[MetricPlan]) -> int:
-    return max((len(m.distinct_fields) for m in metrics), default=0)
+def _sketch_columns(metrics: Sequence[MetricPlan]) -> list[tuple[SketchKind, int, str]]:
+    """(kind, index within the kind, column name) of every sketch column of a cells frame."""
+    return [
+        (kind, i, f"{kind.name}_{i}")
+        for kind, width in _kinds(metrics).items()
+        for i in range(width)
+    ]
 
 
 def base_cells(events: DataFrame, metrics: Sequence[MetricPlan]) -> DataFrame:
-    """Every metric's base-window cells of the given events (HLL sketches with
-    `hll_sketch_agg`), as columns `sketch_<i>`.
+    """Every metric's base-window cells of the given events: the plain columns and the
+    sketch columns `<kind>_<i>`, built by the registry's Spark partial aggregates.
 
     The inputs are shuffled by cell start first, so each cell is aggregated in one task with
     no partial aggregation: a partial `hll_sketch_agg` hardly reduces (most cells are small)
     yet serializes and re-merges a sketch per cell and task — measured twice as slow."""
-    width = _width(metrics)
     return (
         metric_inputs(events, metrics)
         .withColumn("start_ms", _floor("time_ms", "window_ms"))
         .repartition(_tasks(events), "start_ms")
         .groupBy("metric", "window_ms", "start_ms", "key")
         .agg(
-            F.count(F.lit(1)).alias("count"),
-            F.coalesce(F.sum("value"), F.lit(0.0)).alias("sum"),
-            F.min("value").alias("min"),
-            F.max("value").alias("max"),
+            *spark_plain_partial(F.col("value")),
             *[
-                F.hll_sketch_agg(F.get(F.col("distincts"), i), HLL_LG_K).alias(f"sketch_{i}")
-                for i in range(width)
+                kind.spark_partial(F.get(F.col(f"in_{kind.name}"), i)).alias(name)
+                for kind, i, name in _sketch_columns(metrics)
             ],
         )
     )
 
 
-def _windows(metrics: Sequence[MetricPlan]) -> Column:
-    """Per base cell, the sizes of all its metric's windows (the base window first)."""
-    sizes = None
-    for m in metrics:
-        these = F.array(*[F.lit(w).cast("bigint") for w in m.windows_ms])
-        condition = F.col("metric") == F.lit(m.name)
-        sizes = F.when(condition, these) if sizes is None else sizes.when(condition, these)
-    assert sizes is not None
-    return sizes
-
-
-def _distinct_count(metrics: Sequence[MetricPlan]) -> Column:
-    """Per cell, its metric's number of distinct fields (its share of the `width` sketches)."""
-    count = None
+def _per_metric(metrics: Sequence[MetricPlan], column: Callable[[MetricPlan], Column]) -> Column:
+    """`column(m)` for the rows of each metric m."""
+    chosen = None
     for m in metrics:
         condition = F.col("metric") == F.lit(m.name)
-        n = F.lit(len(m.distinct_fields))
-        count = F.when(condition, n) if count is None else count.when(condition, n)
-    assert count is not None
-    return count
+        chosen = (
+            F.when(condition, column(m)) if chosen is None else chosen.when(condition, column(m))
+        )
+    assert chosen is not None
+    return chosen
 
 
 def cells_of(base: DataFrame, metrics: Sequence[MetricPlan]) -> DataFrame:
     """Every configured window's cells, rolled up from the base cells in one more aggregation:
-    each base cell is exploded into all its windows (itself included) and merged with
-    `hll_union_agg`, so the events are grouped once, the base cells are computed once and
-    the whole result is one plan (one Spark action)."""
-    width = _width(metrics)
-    own = _distinct_count(metrics)
+    each base cell is exploded into all its windows (itself included) and merged with the
+    registry's Spark merges, so the events are grouped once, the base cells are computed once
+    and the whole result is one plan (one Spark action). Each metric's sketch columns are then
+    put in its slot order (`sketches`), with their summaries beside them."""
+    columns = _sketch_columns(metrics)
+    names = [name for _, _, name in columns]
+
+    def slots(m: MetricPlan, of: Callable[[SketchKind, str], Column], kind_type: str) -> Column:
+        picked = []
+        seen: dict[SketchKind, int] = {}
+        for kind in m.kinds:
+            index = seen[kind] = seen.get(kind, -1) + 1
+            picked.append(of(kind, f"{kind.name}_{index}"))
+        return F.array(*picked).cast(f"array<{kind_type}>")
+
     return (
         base.select(
             "metric",
-            F.explode(_windows(metrics)).alias("window_ms"),
+            F.explode(_per_metric(metrics, _window_sizes)).alias("window_ms"),
             "start_ms",
             "key",
-            *_PLAIN,
-            *[f"sketch_{i}" for i in range(width)],
+            *PLAIN_COLUMNS,
+            *names,
         )
         .withColumn("start_ms", _floor("start_ms", "window_ms"))
         .groupBy("metric", "window_ms", "start_ms", "key")
         .agg(
-            F.sum("count").alias("count"),
-            F.sum("sum").alias("sum"),
-            F.min("min").alias("min"),
-            F.max("max").alias("max"),
-            *[F.hll_union_agg(f"sketch_{i}").alias(f"sketch_{i}") for i in range(width)],
+            *spark_plain_merge(),
+            *[kind.spark_merge(F.col(name)).alias(name) for kind, _, name in columns],
         )
         .select(
             "metric",
             "window_ms",
             "start_ms",
             "key",
-            *_PLAIN,
-            F.slice(F.array(*[F.col(f"sketch_{i}") for i in range(width)]), 1, own).alias(
+            *PLAIN_COLUMNS,
+            _per_metric(metrics, lambda m: slots(m, lambda _k, c: F.col(c), "binary")).alias(
                 "sketches"
             ),
-            F.slice(
-                F.array(*[F.hll_sketch_estimate(F.col(f"sketch_{i}")) for i in range(width)]).cast(
-                    "array<double>"
-                ),
-                1,
-                own,
-            ).alias("distinct_estimates"),
+            _per_metric(
+                metrics, lambda m: slots(m, lambda k, c: k.spark_summary(F.col(c)), "double")
+            ).alias("sketch_summaries"),
         )
     )
+
+
+def _window_sizes(metric: MetricPlan) -> Column:
+    """The sizes of all the metric's windows (the base window first)."""
+    return F.array(*[F.lit(w).cast("bigint") for w in metric.windows_ms])
 
 
 IdLookup = Callable[[pa.Table], pa.Table]

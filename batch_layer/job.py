@@ -1,56 +1,35 @@
 """One batch run: snapshot → read → aggregate → publish, recorded in the run log (rule 7).
-
-- `full`: every offset from 0 up to a fresh snapshot; loads and flips a new generation.
-- `incremental`: from the served snapshot up to a fresh one; new ids are checked against the
-  id table, the new events' cell states are merged into the served generation's cells and W
-  advances. The new `rebuild_from` comes from the new events and the served rebuild index (a
-  served row without one re-reads each partition from its `rebuild_from` once).
-- `range`: `[start, end)` widened to the largest configured window's boundaries, read up to the
-  served snapshot; only the cells in that range are replaced; W never moves.
-
-An incremental or range run whose served cells were computed with other metric versions (or
-with no served view at all) executes as `full`.
-"""
+What differs between the modes (where a run reads from, how W moves, how it publishes) is its
+`RunPlan` (`run_plan`); this module runs any plan the same way."""
 
 from __future__ import annotations
 
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack, nullcontext
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import orjson
 import psycopg
 import pyarrow as pa
-import pyarrow.compute as pc
-from psycopg import sql
 from psycopg.types.json import Jsonb
 from pyspark.sql import SparkSession
 
-from batch_layer.aggregate import IdLookup, SourceResult, aggregate_source
-from batch_layer.errors import LogRewoundError, RunNotExecutable
+from batch_layer.aggregate import SourceResult, aggregate_source
+from batch_layer.errors import RunNotExecutable
 from batch_layer.kafka_source import plan_slices
 from batch_layer.progress import SPARK_SHARE, RunProgress
-from batch_layer.publish import (
-    FullGeneration,
-    Publication,
-    copy_csv,
-    drop_old_generations,
-    publish_incremental,
-    publish_range,
-)
-from batch_layer.snapshot import Snapshot, take_snapshot
+from batch_layer.publish import Publication
+from batch_layer.run_plan import Results, RunPlan, plan_run
+from batch_layer.snapshot import Snapshot
 from shared.config import RunMode, Settings, SourceConfig
 from shared.db.connect import connect
 from shared.db.runs import RunRecord, get_run, mark_failed, try_runner_lock
-from shared.db.served import ServedView, read_served
-from shared.lateness import batch_watermark
+from shared.db.served import ServedView
 from shared.metric_plan import versions_of
-from shared.windows import window_start
 
 log = logging.getLogger(__name__)
 
@@ -68,15 +47,6 @@ class RunSummary:
     watermarks: dict[str, int | None] = field(default_factory=dict)
     snapshot: Snapshot = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class _Plan:
-    mode: RunMode
-    snapshot: Snapshot
-    served: ServedView | None
-    time_range: tuple[int, int] | None = None
-    replaced: tuple[tuple[str, str, int, int, int], ...] = ()
 
 
 def execute_run(
@@ -141,44 +111,6 @@ def _start(conn: psycopg.Connection[Any], run_id: int) -> RunRecord:
     return record
 
 
-def _plan(
-    settings: Settings, conn: psycopg.Connection[Any], record: RunRecord, force: RunMode | None
-) -> _Plan:
-    served = read_served(conn)
-    conn.commit()
-    mode: RunMode = force or record.request.mode
-    if mode != "full" and (
-        served is None or served.versions != versions_of(settings.plans.values())
-    ):
-        log.info("run %s: served cells are of other metric versions; running full", record.id)
-        mode = "full"
-    if mode == "full":
-        return _Plan("full", take_snapshot(settings), served)
-    assert served is not None
-    if mode == "incremental":
-        snapshot = take_snapshot(settings)
-        for topic, ends in snapshot.items():
-            for partition, end in ends.items():
-                if end < served.snapshot.get(topic, {}).get(partition, 0):
-                    raise LogRewoundError(
-                        f"{topic}[{partition}] ends at offset {end}, before the served snapshot; "
-                        "the topic was recreated: queue a full run"
-                    )
-        return _Plan("incremental", snapshot, served)
-    assert record.range_start_ms is not None and record.range_end_ms is not None
-    plans = settings.plans.values()
-    largest = max(w for m in plans for w in m.windows_ms)
-    lo = window_start(record.range_start_ms, largest)
-    hi = -window_start(-record.range_end_ms, largest)
-    replaced = tuple(
-        (m.name, m.version, w, window_start(lo, w), -window_start(-hi, w))
-        for m in plans
-        for w in m.windows_ms
-    )
-    time_range = (min(r[3] for r in replaced), max(r[4] for r in replaced))
-    return _Plan("range", served.snapshot, served, time_range, replaced)
-
-
 def _execute(
     settings: Settings,
     spark: SparkSession,
@@ -188,19 +120,15 @@ def _execute(
     progress: RunProgress,
 ) -> RunSummary:
     began = time.monotonic()
-    plan = _plan(settings, conn, record, force)
+    plan = plan_run(settings, conn, record, force)
     summary = RunSummary(run_id=record.id, generation=0, mode=plan.mode, snapshot=plan.snapshot)
     summary.timings["snapshot_s"] = time.monotonic() - began
-    results: list[tuple[SourceConfig, SourceResult]] = []
+    results: Results = []
     rebuild_from: dict[str, dict[str, int]] = {}
     rebuild_index: dict[str, dict[str, list[list[int]]]] = {}
-    full = FullGeneration(conn, [s.name for s in settings.sources]) if plan.mode == "full" else None
-    with full or nullcontext():
+    with plan.publishing(conn, settings):
         for i, source in enumerate(settings.sources):
-            ids_known = None
-            if full is not None:
-                last = i == len(settings.sources) - 1
-                ids_known = partial(_load_ids, full, source, last=last)
+            ids_known = plan.ids_sink(source, last=i == len(settings.sources) - 1)
             result = _read_and_aggregate(settings, spark, source, plan, summary, ids_known)
             results.append((source, result))
             rebuild_from[source.topic] = {
@@ -213,41 +141,17 @@ def _execute(
             time.monotonic() - began - summary.timings["snapshot_s"]
         )
         published = time.monotonic()
-        served = plan.served
-        versions = versions_of(settings.plans.values())
         publication = Publication(
-            plan.snapshot, summary.watermarks, rebuild_from, versions, rebuild_index
+            plan.snapshot,
+            summary.watermarks,
+            rebuild_from,
+            versions_of(settings.plans.values()),
+            rebuild_index,
         )
-        if full is not None:
-            summary.generation, summary.rows_out = full.publish(
-                _cell_table(settings, results), publication
-            )
-    if full is not None:
-        drop_old_generations(conn)
-    elif plan.mode == "incremental":
-        assert served is not None
-        summary.generation = served.generation
-        summary.rows_out = publish_incremental(
-            conn,
-            served.generation,
-            served.snapshot,
-            _cell_rows(settings, results),
-            _id_rows(results),
-            publication,
-        )
-    else:
-        assert served is not None
-        summary.generation = served.generation
-        summary.rows_out = publish_range(
-            conn,
-            served.generation,
-            served.snapshot,
-            plan.replaced,
-            _in_ranges(_cell_rows(settings, results), plan.replaced),
-        )
+        summary.generation, summary.rows_out = plan.publish(conn, settings, results, publication)
     summary.timings["publish_s"] = time.monotonic() - published
     summary.timings["total_s"] = time.monotonic() - began
-    _record_success(conn, record, summary, served)
+    _record_success(conn, record, summary, plan.served)
     return summary
 
 
@@ -283,27 +187,14 @@ def _read_and_aggregate(
     settings: Settings,
     spark: SparkSession,
     source: SourceConfig,
-    plan: _Plan,
+    plan: RunPlan,
     summary: RunSummary,
     ids_known: Callable[[pa.Table], None] | None,
 ) -> SourceResult:
     metrics = settings.plans_of(source)
-    served = plan.served
     ends = {int(p): offset for p, offset in plan.snapshot[source.topic].items()}
-    fresh_from: dict[int, int] | None = None
-    previous_index: dict[int, list[list[int]]] | None = None
-    starts: dict[int, int] = {}
-    if plan.mode == "incremental":
-        assert served is not None
-        fresh_from = {int(p): o for p, o in served.snapshot.get(source.topic, {}).items()}
-        starts = dict(fresh_from)
-        index = served.rebuild_index.get(source.topic)
-        if index is None:  # published before the index existed: find the events after W again
-            rebuild = {int(p): o for p, o in served.rebuild_from.get(source.topic, {}).items()}
-            starts = {p: min(o, rebuild.get(p, o)) for p, o in fresh_from.items()}
-        else:
-            previous_index = {int(p): pairs for p, pairs in index.items()}
-    slices = plan_slices(starts, ends, settings.spark.max_offsets_per_slice)
+    read = plan.source_read(source)
+    slices = plan_slices(read.starts, ends, settings.spark.max_offsets_per_slice)
     rows = (
         spark.read.format("lambda_kafka")
         .option("bootstrap", settings.kafka.bootstrap_servers)
@@ -318,30 +209,19 @@ def _read_and_aggregate(
 
     def watermarks_of(stream_times: dict[int, int]) -> int | None:
         for metric in metrics:
-            previous = None
-            if served is not None:
-                previous = served.watermark(metric.name, metric.version)
-            if plan.mode == "range":
-                summary.watermarks[metric.name] = previous
-            else:
-                summary.watermarks[metric.name] = batch_watermark(
-                    previous, stream_times.values(), metric.grace_ms, metric.base_window_ms
-                )
+            summary.watermarks[metric.name] = plan.watermark(metric, stream_times.values())
         known = [summary.watermarks[m.name] for m in metrics]
         return min((w for w in known if w is not None), default=None)
 
-    seen_ids = None
-    if plan.mode == "incremental" and source.id_field is not None:
-        seen_ids = _id_lookup(settings.postgres.url, source.name)
     result = aggregate_source(
         rows,
         source,
         metrics,
         watermarks_of,
         bucket_ms=math.gcd(*(m.base_window_ms for m in metrics)),
-        fresh_from=fresh_from,
-        previous_index=previous_index,
-        seen_ids=seen_ids,
+        fresh_from=read.fresh_from,
+        previous_index=read.previous_index,
+        seen_ids=plan.seen_ids(settings, source),
         ids_known=ids_known,
         time_range=plan.time_range,
     )
@@ -350,129 +230,3 @@ def _read_and_aggregate(
     for metric, count in result.skipped.items():
         summary.skipped[metric] = summary.skipped.get(metric, 0) + count
     return result
-
-
-def _id_lookup(postgres_url: str, source: str) -> IdLookup:
-    """The ids among a run's first copies that an earlier run already counted."""
-
-    def lookup(candidates: pa.Table) -> pa.Table:
-        with connect(postgres_url) as conn:
-            conn.execute("CREATE TEMP TABLE probe_ids (event_id text) ON COMMIT DROP")
-            copy_csv(
-                conn,
-                sql.SQL("COPY probe_ids (event_id) FROM STDIN (FORMAT csv)"),
-                candidates.select(["event_id"]).to_batches(200_000),
-            )
-            rows = conn.execute(
-                "SELECT p.event_id FROM probe_ids p JOIN dedup_ids d "
-                "ON d.source = %s AND d.event_id = p.event_id",
-                [source],
-            ).fetchall()
-            conn.rollback()
-        return pa.table({"event_id": pa.array([r[0] for r in rows], pa.string())})
-
-    return lookup
-
-
-def _cell_table(settings: Settings, results: list[tuple[SourceConfig, SourceResult]]) -> pa.Table:
-    """Every source's cells as one Arrow table in `publish`'s column order (a version column
-    added), for a bulk load without per-cell Python."""
-    plans = settings.plans.values()
-    names = [m.name for m in plans]
-    versions = pa.array([m.version for m in plans], pa.string())
-    tables = []
-    for _source, result in results:
-        cells = result.cells
-        if not cells.num_columns:
-            continue
-        version = pc.take(versions, pc.index_in(cells.column("metric"), value_set=pa.array(names)))
-        tables.append(
-            pa.table(
-                {
-                    "metric": cells.column("metric"),
-                    "version": version,
-                    **{name: cells.column(name) for name in CELL_SCHEMA.names[2:]},
-                }
-            )
-        )
-    if not tables:
-        return CELL_SCHEMA.empty_table()
-    return pa.concat_tables(tables, promote_options="permissive")
-
-
-CELL_SCHEMA = pa.schema(
-    [
-        ("metric", pa.string()),
-        ("version", pa.string()),
-        ("window_ms", pa.int64()),
-        ("start_ms", pa.int64()),
-        ("key", pa.list_(pa.string())),
-        ("count", pa.int64()),
-        ("sum", pa.float64()),
-        ("min", pa.float64()),
-        ("max", pa.float64()),
-        ("sketches", pa.list_(pa.binary())),
-        ("distinct_estimates", pa.list_(pa.float64())),
-    ]
-)
-"""The columns of a run's cells as publication loads them (the `batch_cells` columns)."""
-
-
-def _cell_rows(
-    settings: Settings, results: list[tuple[SourceConfig, SourceResult]]
-) -> Iterator[tuple[Any, ...]]:
-    plans = settings.plans
-    for _source, result in results:
-        for cell in result.cells.to_pylist():
-            metric = plans[cell["metric"]]
-            width = len(metric.distinct_fields)
-            yield (
-                metric.name,
-                metric.version,
-                cell["window_ms"],
-                cell["start_ms"],
-                cell["key"],
-                cell["count"],
-                cell["sum"],
-                cell["min"],
-                cell["max"],
-                cell["sketches"][:width],
-                cell["distinct_estimates"][:width],
-            )
-
-
-def _in_ranges(
-    cells: Iterator[tuple[Any, ...]], ranges: tuple[tuple[str, str, int, int, int], ...]
-) -> Iterator[tuple[Any, ...]]:
-    """The cells whose start lies in their (metric, window)'s recomputed range."""
-    bounds: Mapping[tuple[str, int], tuple[int, int]] = {
-        (metric, w): (lo, hi) for metric, _v, w, lo, hi in ranges
-    }
-    for cell in cells:
-        lo, hi = bounds[(cell[0], cell[2])]
-        if lo <= cell[3] < hi:
-            yield cell
-
-
-def _source_ids(source: SourceConfig, ids: pa.Table) -> pa.Table:
-    """(source, event_id, partition, offset) of one source's new ids."""
-    return pa.table(
-        {
-            "source": pa.repeat(pa.scalar(source.name, pa.string()), ids.num_rows),
-            "event_id": ids.column("event_id"),
-            "partition": ids.column("partition"),
-            "offset": ids.column("offset"),
-        }
-    )
-
-
-def _load_ids(full: FullGeneration, source: SourceConfig, ids: pa.Table, *, last: bool) -> None:
-    full.add_ids(_source_ids(source, ids), last=last)
-
-
-def _id_rows(results: list[tuple[SourceConfig, SourceResult]]) -> pa.Table:
-    """(source, event_id, partition, offset) of every source's new ids."""
-    tables = [_source_ids(source, result.ids) for source, result in results]
-    if not tables:
-        return pa.table({"source": [], "event_id": [], "partition": [], "offset": []})
-    return pa.concat_tables(tables)

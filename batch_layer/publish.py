@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -23,13 +23,12 @@ import pyarrow.csv as pacsv
 from psycopg import sql
 
 from batch_layer.errors import PublicationConflict
+from shared.aggregations import SketchKind, merge_states
+from shared.db.cells import CELL_COLUMNS, BatchCell
 from shared.db.served import read_served
 from shared.faults import fault_point
 
-_CELL_COLUMNS = (
-    "generation, metric, version, window_ms, start_ms, key, count, sum, min, max, sketches, "
-    "distinct_estimates"
-)
+_CELL_COLUMNS = ", ".join(("generation", *CELL_COLUMNS))
 GENERATIONS_KEPT = 2
 
 
@@ -92,12 +91,11 @@ class FullGeneration:
             self._queue_key()
 
     def publish(
-        self, cells: Iterable[tuple[Any, ...]], publication: Publication
+        self, cells: pa.Table | Iterable[BatchCell], publication: Publication
     ) -> tuple[int, int]:
         """Load, index and attach the generation's cells and flip the served row, after every
-        queued id load; returns (generation, cells written). `cells` are rows of (metric,
-        version, window_ms, start_ms, key, count, sum, min, max, sketches,
-        distinct_estimates)."""
+        queued id load; returns (generation, cells written). `cells` is a table of the
+        `BatchCell` columns, or the cells."""
         self._queue_key()
         for step in self._steps:
             step.result()
@@ -147,7 +145,7 @@ class FullGeneration:
 
 def publish_full_generation(
     conn: psycopg.Connection[Any],
-    cells: Iterable[tuple[Any, ...]],
+    cells: pa.Table | Iterable[BatchCell],
     ids: pa.Table | Iterable[tuple[str, str, int, int]],
     sources: Iterable[str],
     publication: Publication,
@@ -212,7 +210,7 @@ def _load_cells(
     conn: psycopg.Connection[Any],
     table: sql.Identifier,
     generation: int,
-    cells: pa.Table | Iterable[tuple[Any, ...]],
+    cells: pa.Table | Iterable[BatchCell],
 ) -> int:
     """COPY the cells into the generation's table: an Arrow table as CSV written by Arrow (no
     per-row Python; measured ~2 s less than row by row for 66k cells), rows as given."""
@@ -226,19 +224,21 @@ def _load_cells(
         return cells.num_rows
     written = 0
     with conn.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN").format(table, columns)) as copy:
-        for row in cells:
-            copy.write_row((generation, *row))
+        for cell in cells:
+            copy.write_row((generation, *cell.columns()))
             written += 1
     return written
 
 
 def _cells_as_text(batch: pa.RecordBatch, generation: int) -> pa.Table:
     """A batch of cells (metric, version, window_ms, start_ms, key, count, sum, min, max,
-    sketches, distinct_estimates) with its array columns as PostgreSQL array literals."""
+    sketches, sketch_summaries) with its array columns as PostgreSQL array literals."""
     n = batch.num_rows
     key = _pg_array(batch.column("key"), _quoted)
     sketches = _pg_array(batch.column("sketches"), _bytea_elements)
-    estimates = _pg_array(batch.column("distinct_estimates"), lambda flat: flat.cast(pa.string()))
+    summaries = _pg_array(
+        batch.column("sketch_summaries"), lambda flat: flat.cast(pa.string()).fill_null("NULL")
+    )
     return pa.table(
         {
             "generation": pa.array(np.full(n, generation, np.int64)),
@@ -247,7 +247,7 @@ def _cells_as_text(batch: pa.RecordBatch, generation: int) -> pa.Table:
             "key": key,
             **{name: batch.column(name) for name in ("count", "sum", "min", "max")},
             "sketches": sketches,
-            "distinct_estimates": estimates,
+            "sketch_summaries": summaries,
         }
     )
 
@@ -349,14 +349,6 @@ def _flip(conn: psycopg.Connection[Any], generation: int, publication: Publicati
     )
 
 
-CellRow = tuple[Any, ...]
-"""(metric, version, window_ms, start_ms, key, count, sum, min, max, sketches, estimates)."""
-
-
-def _cell_key(row: CellRow) -> tuple[Any, ...]:
-    return (*row[:4], tuple(row[4]))
-
-
 def _lock_served(
     conn: psycopg.Connection[Any], generation: int, snapshot: Mapping[str, Mapping[str, int]]
 ) -> None:
@@ -370,63 +362,45 @@ def _lock_served(
         )
 
 
-def _stage_cells(conn: psycopg.Connection[Any], cells: Iterable[CellRow]) -> int:
+def _stage_cells(conn: psycopg.Connection[Any], cells: Iterable[BatchCell]) -> int:
     conn.execute("CREATE TEMP TABLE staged_cells (LIKE batch_cells) ON COMMIT DROP")
     return _stage_cells_again(conn, cells)
 
 
-def _stage_cells_again(conn: psycopg.Connection[Any], cells: Iterable[CellRow]) -> int:
+def _stage_cells_again(conn: psycopg.Connection[Any], cells: Iterable[BatchCell]) -> int:
     written = 0
     with conn.cursor().copy(
         sql.SQL("COPY staged_cells ({}) FROM STDIN").format(sql.SQL(_CELL_COLUMNS))
     ) as copy:
-        for row in cells:
-            copy.write_row((0, *row))
+        for cell in cells:
+            copy.write_row((0, *cell.columns()))
             written += 1
     return written
 
 
-def _read_stored(conn: psycopg.Connection[Any], generation: int) -> dict[tuple[Any, ...], CellRow]:
+def _read_stored(
+    conn: psycopg.Connection[Any], generation: int
+) -> dict[tuple[Any, ...], BatchCell]:
     """The served generation's cells at the staged cells' keys."""
+    columns = sql.SQL(", ").join(sql.Identifier("c", name) for name in CELL_COLUMNS)
     rows = conn.execute(
-        """
-        SELECT c.metric, c.version, c.window_ms, c.start_ms, c.key, c.count, c.sum, c.min,
-               c.max, c.sketches, c.distinct_estimates
-        FROM staged_cells s JOIN batch_cells c
-          ON c.generation = %s AND c.metric = s.metric AND c.version = s.version
-         AND c.window_ms = s.window_ms AND c.start_ms = s.start_ms AND c.key = s.key
-        """,
+        sql.SQL(
+            """
+            SELECT {columns}
+            FROM staged_cells s JOIN batch_cells c
+              ON c.generation = %s AND c.metric = s.metric AND c.version = s.version
+             AND c.window_ms = s.window_ms AND c.start_ms = s.start_ms AND c.key = s.key
+            """
+        ).format(columns=columns),
         [generation],
     ).fetchall()
-    return {_cell_key(row): tuple(row) for row in rows}
+    return {cell.identity: cell for cell in (BatchCell(*row) for row in rows)}
 
 
-def merge_cell(stored: CellRow, new: CellRow) -> CellRow:
-    """The cell over both rows' events: counts and sums add, sketches union (rule 6)."""
-    from shared.aggregates import sketch_from_bytes, union_sketches
-
-    metric, version, window_ms, start_ms, key = new[:5]
-    count = stored[5] + new[5]
-    total = stored[6] + new[6]
-    lows = [v for v in (stored[7], new[7]) if v is not None]
-    highs = [v for v in (stored[8], new[8]) if v is not None]
-    sketches = [
-        union_sketches([sketch_from_bytes(bytes(a)), sketch_from_bytes(bytes(b))])
-        for a, b in zip(stored[9], new[9], strict=True)
-    ]
-    return (
-        metric,
-        version,
-        window_ms,
-        start_ms,
-        key,
-        count,
-        total,
-        min(lows) if lows else None,
-        max(highs) if highs else None,
-        [s.serialize_compact() for s in sketches],
-        [s.get_estimate() for s in sketches],
-    )
+def merge_cell(stored: BatchCell, new: BatchCell, kinds: Sequence[SketchKind]) -> BatchCell:
+    """The cell over both rows' events (rule 6), merged by the aggregation registry."""
+    merged = merge_states(kinds, [stored.state(), new.state()])
+    return new if merged is None else new.with_state(merged, kinds)
 
 
 def _upsert_staged(conn: psycopg.Connection[Any], generation: int) -> None:
@@ -435,11 +409,11 @@ def _upsert_staged(conn: psycopg.Connection[Any], generation: int) -> None:
             """
             INSERT INTO batch_cells ({columns})
             SELECT %s, metric, version, window_ms, start_ms, key, count, sum, min, max,
-                   sketches, distinct_estimates FROM staged_cells
+                   sketches, sketch_summaries FROM staged_cells
             ON CONFLICT (generation, metric, version, window_ms, start_ms, key) DO UPDATE SET
                 count = excluded.count, sum = excluded.sum, min = excluded.min,
                 max = excluded.max, sketches = excluded.sketches,
-                distinct_estimates = excluded.distinct_estimates
+                sketch_summaries = excluded.sketch_summaries
             """
         ).format(columns=sql.SQL(_CELL_COLUMNS)),
         [generation],
@@ -450,21 +424,23 @@ def publish_incremental(
     conn: psycopg.Connection[Any],
     generation: int,
     previous_snapshot: Mapping[str, Mapping[str, int]],
-    new_cells: Iterable[CellRow],
+    new_cells: Iterable[BatchCell],
     ids: pa.Table | Iterable[tuple[str, str, int, int]],
     publication: Publication,
+    kinds: Mapping[str, Sequence[SketchKind]],
 ) -> int:
     """Merge the new events' cells into the served generation's stored cells, insert the new
-    ids and advance the served row, in one transaction; returns the cells written."""
+    ids and advance the served row, in one transaction; returns the cells written. `kinds`
+    are each metric's sketch slots."""
     with conn.transaction():
         _lock_served(conn, generation, previous_snapshot)
         new_cells = list(new_cells)
         _stage_cells(conn, new_cells)
         stored = _read_stored(conn, generation)
         merged = []
-        for row in new_cells:
-            old = stored.get(_cell_key(row))
-            merged.append(row if old is None else merge_cell(old, row))
+        for cell in new_cells:
+            old = stored.get(cell.identity)
+            merged.append(cell if old is None else merge_cell(old, cell, kinds[cell.metric]))
         conn.execute("TRUNCATE staged_cells")
         written = _stage_cells_again(conn, merged)
         _upsert_staged(conn, generation)
@@ -480,7 +456,7 @@ def publish_range(
     generation: int,
     snapshot: Mapping[str, Mapping[str, int]],
     replaced: Iterable[tuple[str, str, int, int, int]],
-    cells: Iterable[CellRow],
+    cells: Iterable[BatchCell],
 ) -> int:
     """Replace the served generation's cells in the recomputed ranges — `replaced` rows are
     (metric, version, window_ms, first start, end of starts) — in one transaction; W, the

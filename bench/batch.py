@@ -75,14 +75,14 @@ class World:
     dbname: str
 
 
-def make_world(base: Settings, tag: str) -> World:
+def make_world(base: Settings, tag: str, quantiles: bool) -> World:
     dbname = f"lp_bench_{tag}"
     with psycopg.connect(base.postgres.url, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
     url = base.postgres.url.rpartition("/")[0] + f"/{dbname}"
     upgrade(url)
     config: dict[str, Any] = {
-        **platform_config(tag),
+        **platform_config(tag, quantiles=quantiles),
         "kafka": {"bootstrap_servers": base.kafka.bootstrap_servers},
         "postgres": {"url": url},
         "spark": base.spark.model_dump(),
@@ -148,6 +148,11 @@ def main() -> None:
         type=int,
         help="events of the measured full run (the 10x history), e.g. 10000000; 1x = a tenth",
     )
+    parser.add_argument(
+        "--no-quantiles",
+        action="store_true",
+        help="the demo metrics without quantiles(latency_ms) (as measured before it existed)",
+    )
     args = parser.parse_args()
     one_x = args.history or (args.events // 10 if args.events else 0)
     one_x = one_x or (100_000 if args.quick else 1_000_000)
@@ -159,7 +164,7 @@ def main() -> None:
     spark = spark_session(base)
     print(f"spark session start-up {time.monotonic() - started:.1f} s (not counted)", flush=True)
     now = int(time.time() * 1000) // HOUR * HOUR
-    worlds = [make_world(base, f"{tag}x1"), make_world(base, f"{tag}x10")]
+    worlds = [make_world(base, f"{tag}x{n}", not args.no_quantiles) for n in (1, 10)]
     rss = PeakRss()
     rss.start()
     try:

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -52,12 +53,14 @@ sys.path.insert(0, str(ROOT))
 from batch_layer.publish import Publication, publish_full_generation  # noqa: E402
 from bench.broker_usage import BrokerUsage  # noqa: E402
 from lambdactl.stack import stack_up  # noqa: E402
-from serving_layer.merged_view import _SERIES_SQL, MergedView, split_starts  # noqa: E402
+from serving_layer.batch_view import SERIES_SQL  # noqa: E402
+from serving_layer.merged_view import MergedView, split_starts  # noqa: E402
 from serving_layer.timefmt import format_time  # noqa: E402
-from shared.aggregates import AggState  # noqa: E402
+from shared.aggregations import CellState, encode_state, fold_inputs  # noqa: E402
 from shared.config import Settings  # noqa: E402
+from shared.db.cells import BatchCell  # noqa: E402
 from shared.db.migrate import upgrade  # noqa: E402
-from shared.speed_store import EPOCH_KEY, cell_key, encode_key, fence_key  # noqa: E402
+from shared.speed_view import EPOCH_KEY, cell_key, encode_key, fence_key  # noqa: E402
 
 MINUTE, HOUR, DAY = 60_000, 3_600_000, 86_400_000
 GRACE = 2 * MINUTE
@@ -68,7 +71,11 @@ REDIS_DB = 11
 PG_DB = "lp_bench"
 
 
-def bench_config(pg_url: str, redis_url: str) -> dict[str, Any]:
+def bench_config(pg_url: str, redis_url: str, quantiles: bool = False) -> dict[str, Any]:
+    """The benchmark's one metric; `quantiles` adds `quantiles(latency_ms)` to it."""
+    aggregations = ["count", "sum", "min", "max", "avg", "distinct(user_id)"]
+    if quantiles:
+        aggregations.append("quantiles(latency_ms)")
     return {
         "sources": [
             {"name": "bench", "topic": "bench-views", "time_field": "ts", "partitions": PARTITIONS}
@@ -79,7 +86,7 @@ def bench_config(pg_url: str, redis_url: str) -> dict[str, Any]:
                 "source": "bench",
                 "key": ["page"],
                 "value": "latency_ms",
-                "aggregations": ["count", "sum", "min", "max", "avg", "distinct(user_id)"],
+                "aggregations": aggregations,
                 "windows": ["1m", "1h", "1d"],
                 "grace": "2m",
             }
@@ -101,24 +108,21 @@ def load_view(settings: Settings, newest: int, sparse_events: int, seed: int = 1
     watermark = (newest - HOUR - GRACE) // MINUTE * MINUTE
     rng = random.Random(seed)
     first = newest - 26 * HOUR
-    states: dict[tuple[int, int, str], AggState] = {}
-    speed: dict[tuple[int, int, str], AggState] = {}
+    states: dict[tuple[int, int, str], list[tuple[float, str]]] = defaultdict(list)
+    speed: dict[tuple[int, int, str], list[tuple[float, str]]] = defaultdict(list)
 
     def add(t: int, page: str, value: float, user: str) -> None:
         base_start = t - t % MINUTE
         if base_start + MINUTE <= watermark:
             for size in metric.windows_ms:
-                cell = (size, t - t % size, page)
-                state = states.get(cell)
-                if state is None:
-                    state = states[cell] = AggState.empty(1)
-                state.add(value, (user,))
+                states[(size, t - t % size, page)].append((value, user))
         else:
-            cell = (base_start, rng.randrange(PARTITIONS), page)
-            state = speed.get(cell)
-            if state is None:
-                state = speed[cell] = AggState.empty(1)
-            state.add(value, (user,))
+            speed[(base_start, rng.randrange(PARTITIONS), page)].append((value, user))
+
+    def state_of(events: list[tuple[float, str]]) -> CellState:
+        values = [v for v, _ in events]
+        items = [values if i.number else [u for _, u in events] for i in metric.sketch_inputs]
+        return fold_inputs(metric.kinds, None, values, items, len(events))
 
     for h in range(HOT_KEYS):
         page = f"/hot/{h}"
@@ -140,20 +144,10 @@ def load_view(settings: Settings, newest: int, sparse_events: int, seed: int = 1
         )
 
     rows = (
-        (
-            metric.name,
-            version,
-            size,
-            start,
-            [page],
-            s.count,
-            s.total,
-            s.minimum,
-            s.maximum,
-            [sk.serialize_compact() for sk in s.sketches],
-            s.distinct_estimates(),
+        BatchCell(metric.name, version, size, start, [page], 0, 0.0, None, None, [], []).with_state(
+            state_of(events), metric.kinds
         )
-        for (size, start, page), s in states.items()
+        for (size, start, page), events in states.items()
     )
     publication = Publication(
         snapshot={"bench-views": {str(p): 0 for p in range(PARTITIONS)}},
@@ -170,9 +164,11 @@ def load_view(settings: Settings, newest: int, sparse_events: int, seed: int = 1
     client.flushdb()
     client.set(EPOCH_KEY, "bench")
     pipe = client.pipeline(transaction=False)
-    for n, ((start, partition, page), s) in enumerate(speed.items()):
+    for n, ((start, partition, page), events) in enumerate(speed.items()):
         pipe.hset(
-            cell_key(metric.name, version, start, partition), encode_key([page]), s.to_bytes()
+            cell_key(metric.name, version, start, partition),
+            encode_key([page]),
+            encode_state(state_of(events)),
         )
         if n % 5000 == 4999:
             pipe.execute()
@@ -349,12 +345,12 @@ async def raw_reads_ms(settings: Settings, newest: int, page: str, repeats: int 
             "key": [page],
             "sizes": [MINUTE] * len(batch),
             "starts": list(batch),
-            "needs": [False] * len(batch),
+            "needs": [metric.aggregations.needs_sketches(1)] * len(batch),
         }
         timings = []
         for _ in range(repeats):
             started = time.perf_counter()
-            rows = await (await conn.execute(_SERIES_SQL, params)).fetchall()
+            rows = await (await conn.execute(SERIES_SQL, params)).fetchall()
             await view.speed.read_key(metric.name, version, speed, PARTITIONS, encode_key([page]))
             timings.append((time.perf_counter() - started) * 1000)
         assert len(rows) == len(batch)
@@ -479,6 +475,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller data, shorter phases")
     parser.add_argument("--s1440-rate", type=float, default=100)
     parser.add_argument("--s60-rate", type=float, default=500)
+    parser.add_argument(
+        "--quantiles", action="store_true", help="the metric also keeps quantiles(latency_ms)"
+    )
     args = parser.parse_args()
 
     base = Settings()
@@ -492,7 +491,9 @@ def main() -> None:
         )
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(PG_DB)))
     config = bench_config(
-        _with_db(base.postgres.url, PG_DB), _with_db(base.redis.url, str(REDIS_DB))
+        _with_db(base.postgres.url, PG_DB),
+        _with_db(base.redis.url, str(REDIS_DB)),
+        quantiles=args.quantiles,
     )
     settings = Settings(**config)
     upgrade(settings.postgres.url)

@@ -49,7 +49,7 @@ from bench.broker_usage import BrokerUsage
 from lambdactl.generator import GeneratorSpec, generate, produce
 from shared.config import Settings
 from shared.kafka import create_topics
-from shared.speed_store import fence_key
+from shared.speed_view.keys import cell_pattern, fence_key, ids_pattern
 from tests.conftest import platform_config
 from tests.speed.support import end_offsets
 
@@ -61,12 +61,17 @@ def log(message: str) -> None:
 
 
 def build_config(
-    tag: str, partitions: int, stack: Settings, redis_db: int, speed: dict[str, Any]
+    tag: str,
+    partitions: int,
+    stack: Settings,
+    redis_db: int,
+    speed: dict[str, Any],
+    quantiles: bool = True,
 ) -> dict[str, Any]:
     base, _, _ = stack.postgres.url.rpartition("/")
     rbase, _, _ = stack.redis.url.rpartition("/")
     return {
-        **platform_config(tag, partitions),
+        **platform_config(tag, partitions, quantiles=quantiles),
         "kafka": {"bootstrap_servers": stack.kafka.bootstrap_servers},
         "redis": {"url": f"{rbase}/{redis_db}"},
         "postgres": {"url": f"{base}/lp_bench_{tag}"},
@@ -238,14 +243,14 @@ def redis_memory(client: redis.Redis, settings: Settings, events: int) -> tuple[
     """(bytes per (cell, key) state, bytes of cells + ids per 1M events)."""
     cell_bytes = states = 0
     for metric in settings.plans.values():
-        pattern = f"lp:cell:{metric.name}:{metric.version}:*"
+        pattern = cell_pattern(metric.name, metric.version)
         for key in client.scan_iter(match=pattern, count=1000):
             cell_bytes += int(client.memory_usage(key, samples=0) or 0)
             states += int(client.hlen(key))
     topic = settings.sources[0].topic
     id_bytes = sum(
         int(client.memory_usage(k, samples=0) or 0)
-        for k in client.scan_iter(match=f"lp:ids:{topic}:*", count=1000)
+        for k in client.scan_iter(match=ids_pattern(topic), count=1000)
     )
     per_cell = cell_bytes / max(states, 1)
     per_million = (cell_bytes + id_bytes) / max(events, 1) * 1_000_000
@@ -264,6 +269,11 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=10_000, help="freshness load, events/s")
     parser.add_argument("--redis-db", type=int, default=13)
     parser.add_argument("--skip-freshness", action="store_true")
+    parser.add_argument(
+        "--no-quantiles",
+        action="store_true",
+        help="the demo metrics without quantiles(latency_ms) (as measured before it existed)",
+    )
     parser.add_argument(
         "--speed",
         action="append",
@@ -284,7 +294,9 @@ def main() -> None:
     speed: dict[str, Any] = {}
     for item in args.speed:
         speed.update(yaml.safe_load(item.replace("=", ": ", 1)))
-    config = build_config(tag, args.partitions, stack, args.redis_db, speed)
+    config = build_config(
+        tag, args.partitions, stack, args.redis_db, speed, quantiles=not args.no_quantiles
+    )
     settings = Settings(**config)
     with psycopg.connect(stack.postgres.url, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(f"lp_bench_{tag}")))

@@ -11,8 +11,14 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving_layer.responses import JSONResponse
+from shared.errors import ServiceUnavailableError
 
 log = logging.getLogger(__name__)
+
+
+class BatchViewUnsettled(ServiceUnavailableError):
+    """The served row changed under a read again and again (runs publishing back to back):
+    answered 503, the client retries."""
 
 
 def bad_request(message: str) -> HTTPException:
@@ -67,6 +73,10 @@ def install_error_handlers(app: FastAPI) -> None:
             {"detail": "the batch view (PostgreSQL) is unreachable; retry later"},
             status_code=503,
         )
+
+    @app.exception_handler(BatchViewUnsettled)
+    async def _unsettled(request: Request, exc: BatchViewUnsettled) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=503)
 
     @app.exception_handler(UnicodeError)
     async def _bad_encoding(request: Request, exc: UnicodeError) -> JSONResponse:

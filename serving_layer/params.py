@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from serving_layer.errors import bad_request, not_found
 from serving_layer.timefmt import parse_time
+from shared.aggregations import DEFAULT_RENDER, Ranking, RenderOptions, parse_quantiles
 from shared.config import Settings
 from shared.durations import format_duration, parse_duration
 from shared.metric_plan import MetricPlan
@@ -67,13 +68,26 @@ def key_of(metric: MetricPlan, query: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(key)
 
 
-def by_of(metric: MetricPlan, by: str) -> str:
-    if by not in metric.output_names:
+def options_of(q: str | None) -> RenderOptions:
+    """The rendering a query asks for: `q` picks the quantiles a `quantiles(f)` point carries
+    (a metric without one renders none and ignores it)."""
+    if q is None:
+        return DEFAULT_RENDER
+    try:
+        return RenderOptions(parse_quantiles(q))
+    except ValueError as exc:
+        raise bad_request(f"q={q!r}: {exc}") from None
+
+
+def by_of(metric: MetricPlan, by: str, options: RenderOptions) -> Ranking:
+    """How `top` ranks: `by` must be one of the outputs a point carries under `options`."""
+    names = metric.aggregations.output_names(options)
+    ranking = metric.aggregations.ranking(by) if by in names else None
+    if ranking is None:
         raise bad_request(
-            f"by={by!r} is not an aggregation of {metric.name}; use one of "
-            + ", ".join(metric.output_names)
+            f"by={by!r} is not an aggregation of {metric.name}; use one of " + ", ".join(names)
         )
-    return by
+    return ranking
 
 
 def check_cells(settings: Settings, cells: int, how: str) -> None:

@@ -36,7 +36,9 @@ class MetricInfo(BaseModel):
     source: str
     key: list[str] = Field(description="key dimensions; each is a required query parameter")
     value: str | None
-    aggregations: list[str] = Field(description="the point fields, e.g. count, distinct_user_id")
+    aggregations: list[str] = Field(
+        description="the point fields by default, e.g. count, distinct_user_id, p50, p99"
+    )
     by: list[str] = Field(description="values accepted by `top?by=`")
     windows: list[str]
     grace: str
@@ -49,7 +51,8 @@ class MetricList(BaseModel):
 
 class Point(BaseModel):
     """One window. Besides start/end/source it carries exactly the metric's aggregations
-    (`count`, `sum`, `min`, `max`, `avg`, `distinct_<field>`)."""
+    (`count`, `sum`, `min`, `max`, `avg`, `distinct_<field>`, and `p<100 q>` for each
+    requested quantile of a `quantiles(<field>)` metric)."""
 
     model_config = ConfigDict(extra="allow")
 

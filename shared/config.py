@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -29,6 +28,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from shared.aggregations import check_aggregations, parse_aggregation
 from shared.durations import format_duration, parse_duration
 from shared.errors import ConfigError
 
@@ -42,11 +42,8 @@ RESERVED_DIMENSIONS = frozenset(
     {"window", "start", "end", "at", "by", "n", "limit", "prefix", "group_by", "step", "tz", "q"}
 )
 """Query parameter names (the query API's own and those slicing queries take)."""
-PLAIN_AGGREGATIONS = ("count", "sum", "min", "max", "avg")
-VALUE_AGGREGATIONS = frozenset({"sum", "min", "max", "avg"})
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_\-]{0,62}")
 _FIELD = re.compile(r"[^\s]{1,128}")
-_DISTINCT = re.compile(r"distinct\(\s*([^\s()]+)\s*\)")
 
 
 def _check_name(value: str, what: str) -> str:
@@ -121,15 +118,7 @@ class MetricConfig(_Strict):
     def _valid_aggregations(cls, aggs: tuple[str, ...]) -> tuple[str, ...]:
         if not aggs:
             raise ValueError("list at least one aggregation")
-        for agg in aggs:
-            if agg not in PLAIN_AGGREGATIONS and not _DISTINCT.fullmatch(agg):
-                raise ValueError(
-                    f"unknown aggregation {agg!r}; allowed: count, sum, min, max, avg, "
-                    "distinct(<field>)"
-                )
-        named = [_DISTINCT.sub(lambda m: f"distinct({m.group(1)})", agg) for agg in aggs]
-        if len(set(named)) != len(named):
-            raise ValueError("aggregations must not repeat (at most one distinct(<field>) a field)")
+        check_aggregations([parse_aggregation(agg) for agg in aggs])
         return aggs
 
     @field_validator("windows")
@@ -152,37 +141,13 @@ class MetricConfig(_Strict):
 
     @model_validator(mode="after")
     def _value_needed(self) -> MetricConfig:
-        needs = VALUE_AGGREGATIONS.intersection(self.aggregations)
+        needs = [a.spec for a in map(parse_aggregation, self.aggregations) if a.needs_value]
         if needs and self.value is None:
             raise ValueError(
                 f"aggregations {sorted(needs)} need a numeric `value` field; set `value:` "
-                "or keep only count and distinct(<field>)"
+                "or keep only count, distinct(<field>) and quantiles(<field>)"
             )
         return self
-
-    @property
-    def base_window(self) -> int:
-        """The smallest window: the cell size both layers store."""
-        return self.windows[0]
-
-    @cached_property
-    def distinct_fields(self) -> tuple[str, ...]:
-        """Fields of the `distinct(<field>)` aggregations, in configured order."""
-        fields = []
-        for agg in self.aggregations:
-            match = _DISTINCT.fullmatch(agg)
-            if match:
-                fields.append(match.group(1))
-        return tuple(fields)
-
-    @cached_property
-    def output_names(self) -> tuple[str, ...]:
-        """The names a point carries: `count`, ..., `distinct_<field>`, in configured order."""
-        names = []
-        for agg in self.aggregations:
-            match = _DISTINCT.fullmatch(agg)
-            names.append(f"distinct_{match.group(1)}" if match else agg)
-        return tuple(names)
 
 
 class KafkaSettings(_Strict):
@@ -346,9 +311,6 @@ class Settings(BaseSettings):
 
     def metric(self, name: str) -> MetricConfig | None:
         return next((m for m in self.metrics if m.name == name), None)
-
-    def metrics_of(self, source: SourceConfig) -> tuple[MetricConfig, ...]:
-        return tuple(m for m in self.metrics if m.source == source.name)
 
     @property
     def plans(self) -> Mapping[str, MetricPlan]:

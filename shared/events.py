@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from shared.config import SourceConfig
-from shared.metric_plan import MetricPlan
+from shared.metric_plan import MetricPlan, SketchInput
 
 # Python's datetime range, so every valid event time is also a valid Spark/PostgreSQL timestamp.
 MIN_EVENT_MS = -62_135_596_800_000
@@ -89,11 +89,12 @@ class SourceEvent:
 
 
 class MetricInput(NamedTuple):
-    """What one event contributes to one metric: canonical key, value, canonical distincts."""
+    """What one event contributes to one metric: canonical key, value, and one item per
+    sketch slot (a canonical text or a finite number, as the slot reads)."""
 
     key: tuple[str, ...]
     value: float | None
-    distincts: tuple[str, ...]
+    sketch_items: tuple[str | float, ...]
 
 
 def canonical(value: object) -> str | None:
@@ -145,8 +146,8 @@ SourceFields = tuple[dict[str, Any], int, str | None]
 """A source-valid event as a plain tuple (fields, time_ms, event_id): `SourceEvent`'s content,
 for hot loops that cannot afford an object per event."""
 
-InputFields = tuple[tuple[str, ...], float | None, tuple[str, ...]]
-"""`MetricInput`'s content as a plain tuple (key, value, distincts)."""
+InputFields = tuple[tuple[str, ...], float | None, tuple[str | float, ...]]
+"""`MetricInput`'s content as a plain tuple (key, value, sketch items)."""
 
 
 def parse_record(
@@ -216,14 +217,8 @@ def metric_input(event: SourceEvent, metric: MetricPlan) -> MetricInput | Skippe
 
 _SKIPS = {
     reason: Skipped(reason)
-    for reason in (
-        "key_missing",
-        "key_invalid",
-        "value_missing",
-        "value_invalid",
-        "distinct_missing",
-        "distinct_invalid",
-    )
+    for what in ("key", "value")
+    for reason in (f"{what}_missing", f"{what}_invalid")
 }
 
 
@@ -243,18 +238,52 @@ def _canonical_all(
     return tuple(texts)
 
 
+def _finite(raw: Any) -> float | None:
+    """A JSON number as a finite float (booleans, non-numbers and overflows are None)."""
+    if type(raw) is float:
+        return raw if math.isfinite(raw) else None
+    if type(raw) is int:
+        try:
+            return float(raw)
+        except OverflowError:
+            return None
+    return None
+
+
+def _sketch_items(
+    fields: dict[str, Any], inputs: tuple[SketchInput, ...]
+) -> tuple[str | float, ...] | Skipped:
+    """Each sketch slot's item (canonical text or finite number), or the first failing one's
+    skip reason."""
+    items: list[str | float] = []
+    for slot in inputs:
+        raw = fields.get(slot.field)
+        item: str | float | None
+        if slot.number:
+            item = _finite(raw)
+        elif type(raw) is str:
+            item = raw
+        elif type(raw) is int:
+            item = str(raw)
+        else:
+            item = None
+        if item is None:
+            return Skipped(slot.missing if slot.field not in fields else slot.invalid)
+        items.append(item)
+    return tuple(items)
+
+
 def metric_inputs(
     events_fields: Iterable[dict[str, Any]], metric: MetricPlan
 ) -> Iterator[InputFields | Skipped]:
     """`metric_input` over many events' fields, one result per event, as plain tuples: the one
-    definition of metric-level validity (checked in order: key dimensions, value, distinct
+    definition of metric-level validity (checked in order: key dimensions, value, sketch
     fields), shaped for hot loops: no object per event, one generator step per event."""
     dims = metric.key
     value_field = metric.value
-    distinct = metric.distinct_fields
+    inputs = metric.sketch_inputs
     one_dim = dims[0] if len(dims) == 1 else None
-    one_distinct = distinct[0] if len(distinct) == 1 else None
-    isfinite = math.isfinite
+    one_text = inputs[0].field if len(inputs) == 1 and not inputs[0].number else None
     value: float | None = None
     for fields in events_fields:
         if one_dim is not None:
@@ -274,34 +303,24 @@ def metric_inputs(
                 yield key
                 continue
         if value_field is not None:
-            raw_value = fields.get(value_field)
-            if type(raw_value) is float and isfinite(raw_value):
-                value = raw_value
-            elif type(raw_value) is int:
-                try:
-                    value = float(raw_value)
-                except OverflowError:
-                    yield _SKIPS["value_invalid"]
-                    continue
-            else:
+            value = _finite(fields.get(value_field))
+            if value is None:
                 yield _SKIPS["value_missing" if value_field not in fields else "value_invalid"]
                 continue
-        if one_distinct is not None:
-            item = fields.get(one_distinct)
-            if type(item) is str:
-                distincts: tuple[str, ...] | Skipped = (item,)
-            elif type(item) is int:
-                distincts = (str(item),)
+        if one_text is not None:
+            text = fields.get(one_text)
+            if type(text) is str:
+                items: tuple[str | float, ...] | Skipped = (text,)
+            elif type(text) is int:
+                items = (str(text),)
             else:
-                yield _SKIPS[
-                    "distinct_missing" if one_distinct not in fields else "distinct_invalid"
-                ]
+                yield Skipped(inputs[0].missing if one_text not in fields else inputs[0].invalid)
                 continue
-        elif not distinct:
-            distincts = ()
+        elif not inputs:
+            items = ()
         else:
-            distincts = _canonical_all(fields, distinct, "distinct")
-            if type(distincts) is Skipped:
-                yield distincts
+            items = _sketch_items(fields, inputs)
+            if type(items) is Skipped:
+                yield items
                 continue
-        yield key, value, distincts
+        yield key, value, items

@@ -16,6 +16,20 @@ def is_late(
     return watermark_ms is not None and cell_end_ms <= watermark_ms
 
 
+def latest_late_start(
+    base_ms: int, grace_ms: int, stream_time_ms: int | None, watermark_ms: int | None
+) -> int:
+    """The latest start of a late base cell: a cell of size `base_ms` starting at `s` is late
+    (`is_late`) iff `s <= latest_late_start(...)`. One comparison per event in the speed
+    layer's hot loop, recomputed only when the stream time moves."""
+    bound = -(2**63)
+    if stream_time_ms is not None:
+        bound = stream_time_ms - grace_ms - base_ms
+    if watermark_ms is not None:
+        bound = max(bound, watermark_ms - base_ms)
+    return bound
+
+
 def id_bucket_closed(
     bucket_start_ms: int,
     bucket_ms: int,

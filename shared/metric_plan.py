@@ -2,8 +2,9 @@
 derived from its `MetricConfig` and its source's `SourceConfig` in one place.
 
 The layers read a metric only through its plan, so the version (the name its cells are stored
-under), the base window, the distinct fields and the fields an event must carry are decided
-here and nowhere else. `compile_plans` is what `Settings.plans` returns."""
+under), the base window, the aggregations (parsed by the registry, `shared.aggregations`) and
+the fields an event must carry are decided here and nowhere else. `compile_plans` is what
+`Settings.plans` returns."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from types import MappingProxyType
 
 import orjson
 
+from shared.aggregations import AggregationSet, SketchKind, parse_aggregation
 from shared.config import MetricConfig, SourceConfig
 
 
@@ -32,24 +34,55 @@ class MetricPlan:
     """The key dimensions, in configured order (empty: one global series)."""
     value: str | None
     """The numeric field `sum`/`min`/`max`/`avg` read, or None when no aggregation needs one."""
-    aggregations: tuple[str, ...]
-    distinct_fields: tuple[str, ...]
-    """The fields of the `distinct(<field>)` aggregations, in configured order."""
-    output_names: tuple[str, ...]
-    """The names a point carries: `count`, ..., `distinct_<field>`, in configured order."""
+    aggregations: AggregationSet
+    """The configured aggregations, parsed by the registry (`shared.aggregations`)."""
     base_window_ms: int
     """The smallest window: the cell size both layers store."""
     windows_ms: tuple[int, ...]
     """Every configured window, ascending (the base window first)."""
     grace_ms: int
+    sketch_inputs: tuple[SketchInput, ...]
+    """What each sketch slot reads, in slot order."""
     fields_read: tuple[str, ...]
     """The event fields the metric reads besides the source's time and id fields: key
-    dimensions, the value field, then distinct fields, each once."""
+    dimensions, the value field, then the sketches' fields, each once."""
+
+    @property
+    def kinds(self) -> tuple[SketchKind, ...]:
+        """The sketch slots' kinds (what `merge_states` takes)."""
+        return self.aggregations.kinds
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        """The names a point carries by default, in configured order."""
+        return self.aggregations.output_names()
 
     @property
     def text_fields(self) -> tuple[str, ...]:
-        """The fields read as canonical text (key dimensions, then distinct fields), once each."""
-        return tuple(dict.fromkeys((*self.key, *self.distinct_fields)))
+        """The fields read as canonical text (key dimensions, then text-fed sketches), once
+        each."""
+        texts = (s.field for s in self.sketch_inputs if not s.number)
+        return tuple(dict.fromkeys((*self.key, *texts)))
+
+    @property
+    def number_fields(self) -> tuple[str, ...]:
+        """The fields read as finite numbers (the value, then number-fed sketches), once each."""
+        value = () if self.value is None else (self.value,)
+        numbers = (s.field for s in self.sketch_inputs if s.number)
+        return tuple(dict.fromkeys((*value, *numbers)))
+
+
+@dataclass(frozen=True, slots=True)
+class SketchInput:
+    """The field one sketch slot is fed, and how it is checked (metric-level validity)."""
+
+    field: str
+    number: bool
+    """Fed the field's finite number (else its canonical text)."""
+    missing: str
+    """The skip reason when the field is absent."""
+    invalid: str
+    """The skip reason when it holds something else."""
 
 
 def _version(metric: MetricConfig, source: SourceConfig) -> str:
@@ -70,6 +103,17 @@ def compile_plan(metric: MetricConfig, source: SourceConfig) -> MetricPlan:
         )
     windows = tuple(sorted(metric.windows))
     value = () if metric.value is None else (metric.value,)
+    aggregations = AggregationSet(tuple(map(parse_aggregation, metric.aggregations)))
+    inputs = tuple(
+        SketchInput(
+            a.field,
+            a.kind.reads == "number",
+            f"{a.skip_reason}_missing",
+            f"{a.skip_reason}_invalid",
+        )
+        for a in aggregations.sketched
+        if a.field is not None and a.kind is not None
+    )
     return MetricPlan(
         name=metric.name,
         version=_version(metric, source),
@@ -77,13 +121,12 @@ def compile_plan(metric: MetricConfig, source: SourceConfig) -> MetricPlan:
         source=source,
         key=metric.key,
         value=metric.value,
-        aggregations=metric.aggregations,
-        distinct_fields=metric.distinct_fields,
-        output_names=metric.output_names,
+        aggregations=aggregations,
         base_window_ms=windows[0],
         windows_ms=windows,
         grace_ms=metric.grace,
-        fields_read=tuple(dict.fromkeys((*metric.key, *value, *metric.distinct_fields))),
+        sketch_inputs=inputs,
+        fields_read=tuple(dict.fromkeys((*metric.key, *value, *(i.field for i in inputs)))),
     )
 
 

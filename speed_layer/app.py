@@ -10,7 +10,7 @@ Steps, by name:
   dropped by the consumer); on a lost epoch `start_rebuild`.
 - `start_rebuild` — rule 9: a new epoch, every owned partition marked in `lp:rebuilding` until
   it is read back to where it was, positioned at `rebuild_from` with empty state.
-- `refresh_served` — W per metric and `rebuild_from`, re-read every `watermark_refresh_s`.
+- `ServedState.refresh` — W per metric and `rebuild_from`, re-read every `watermark_refresh_s`.
 - `cleanup` — rule 8: cells ending at or before a W served for `cleanup_delay_s`, and de-dup
   id sets late for every metric, deleted for the partitions this worker owns.
 
@@ -34,165 +34,53 @@ from typing import Any
 
 import faust
 import redis
-from confluent_kafka import KafkaError, KafkaException, Producer
 from faust.types import TP
 
 from shared.config import Settings
-from shared.db.connect import connect
-from shared.db.served import ServedView, read_served
 from shared.faults import fault_point
 from shared.gc_tuning import collector_paused, freeze_startup_objects
 from shared.kafka import check_topics
 from shared.lateness import id_bucket_closed
-from shared.speed_store import (
+from shared.speed_view import (
     APPLIED,
-    EPOCH_KEY,
     EPOCH_LOST,
     FENCE_MOVED,
     Fence,
-    SpeedStore,
+    SpeedViewWriter,
     ensure_epoch,
-    fence_key,
+    rebuild_member,
 )
 from speed_layer.consumer import BatchConsumer, BatchTransport
-from speed_layer.errors import SideTopicError
 from speed_layer.metrics import SpeedMetrics
-from speed_layer.processor import KafkaRecord, Rejected, SourceProcessor
+from speed_layer.processor import KafkaRecord, SourceProcessor
+from speed_layer.served_state import ServedState
+from speed_layer.side_topics import SideTopicPublisher
 
 log = logging.getLogger(__name__)
 
-_CUT_BYTES = 64 * 1024
-
-
-def _too_large(error: Exception) -> bool:
-    code = error.args[0].code() if error.args and isinstance(error.args[0], KafkaError) else None
-    return code == KafkaError.MSG_SIZE_TOO_LARGE
-
 
 class SpeedWorker:
-    """Holds the worker's resources (Redis, producer, W) and builds the Faust app around them."""
+    """One worker: positions partitions, applies batches, rebuilds, cleans up, around the
+    Faust app it builds. Its parts: the processors (`processor`), the view writer
+    (`shared.speed_view`), the side-topic publisher (`side_topics`), the served row
+    (`served_state`)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.redis = redis.Redis.from_url(settings.redis.url)
-        self.store = SpeedStore(self.redis, settings.speed.ttl_days * 86_400)
-        self.producer = Producer(
-            {
-                "bootstrap.servers": settings.kafka.bootstrap_servers,
-                "linger.ms": 5,
-                "message.max.bytes": 16 * 1024 * 1024,
-            }
-        )
+        self.store = SpeedViewWriter(self.redis, settings.speed.ttl_days * 86_400)
+        self.side_topics = SideTopicPublisher(settings)
         self.metrics = SpeedMetrics()
         self.epoch = ensure_epoch(self.redis, uuid.uuid4().hex)
-        self.served: ServedView | None = None
-        self.watermarks: dict[str, int | None] = {m.name: None for m in settings.metrics}
-        self._w_seen: dict[str, list[tuple[float, int]]] = {}
+        self.served = ServedState(settings)
         self.processors = {
-            source.topic: SourceProcessor(settings, source, self.store, self.publish_rejected)
+            source.topic: SourceProcessor(
+                settings, source, self.store, self.side_topics.publish_rejected
+            )
             for source in settings.sources
         }
         self.rebuilding: dict[TP, int] = {}
         self.app = self._build_app()
-
-    # -- Kafka side outputs ---------------------------------------------------------------
-
-    def publish_rejected(
-        self, topic: str, partition: int, dead: Sequence[Rejected], late: Sequence[Rejected]
-    ) -> None:
-        """Dead letters and late events, keyed `topic:partition:offset` so replays dedupe,
-        delivered (and checked) before the batch is applied. A value the broker refuses as
-        too large goes out cut to its first `_CUT_BYTES`, with header `truncated: <size>`."""
-        failures: list[tuple[str, Rejected, str, Exception]] = []
-        for target, rejected, header in ((".dlq", dead, "reason"), (".late", late, "metrics")):
-            for item in rejected:
-                self._produce(topic + target, partition, item, header, failures)
-        if not (dead or late):
-            return
-        self._flush()
-        retry, failures = failures, []
-        for target_topic, item, header, error in retry:
-            if not _too_large(error) or item.value is None:
-                raise SideTopicError(
-                    f"could not publish {target_topic} record {item.offset}: {error}; the "
-                    "batch is not applied (it is read again on restart)"
-                )
-            cut = Rejected(item.offset, item.value[:_CUT_BYTES], item.why)
-            self._produce(
-                target_topic,
-                partition,
-                cut,
-                header,
-                failures,
-                extra=[("truncated", str(len(item.value)).encode())],
-            )
-        if retry:
-            self._flush()
-        if failures:
-            raise SideTopicError(f"could not publish dead letters / late events: {failures[0][3]}")
-
-    def _produce(
-        self,
-        target_topic: str,
-        partition: int,
-        item: Rejected,
-        header: str,
-        failures: list[tuple[str, Rejected, str, Exception]],
-        extra: Sequence[tuple[str, bytes]] = (),
-    ) -> None:
-        source_topic = target_topic[: target_topic.rindex(".")]
-
-        def delivered(error: Any, _message: Any) -> None:
-            if error is not None:
-                failures.append((target_topic, item, header, KafkaException(error)))
-
-        while True:
-            try:
-                self.producer.produce(
-                    target_topic,
-                    key=f"{source_topic}:{partition}:{item.offset}",
-                    value=item.value,
-                    partition=partition,
-                    headers=[(header, item.why.encode()), *extra],
-                    on_delivery=delivered,
-                )
-                return
-            except BufferError:
-                self.producer.poll(0.1)
-            except KafkaException as exc:
-                failures.append((target_topic, item, header, exc))
-                return
-
-    def _flush(self) -> None:
-        remaining = self.producer.flush(30)
-        if remaining:
-            raise SideTopicError(
-                f"{remaining} dead letters / late events were not delivered to Kafka within "
-                "30 s; the batch is not applied (it is read again on restart)"
-            )
-
-    # -- W, rebuild_from --------------------------------------------------------------------
-
-    def refresh_served(self) -> None:
-        """W per metric (rule 2's second clause) and `rebuild_from`, from the served row."""
-        with connect(self.settings.postgres.url, autocommit=True) as conn:
-            served = read_served(conn)
-        watermarks = {
-            m.name: None if served is None else served.watermark(m.name, m.version)
-            for m in self.settings.plans.values()
-        }
-        now = time.monotonic()
-        for name, w in watermarks.items():
-            seen = self._w_seen.setdefault(name, [])
-            if w is not None and (not seen or seen[-1][1] != w):
-                seen.append((now, w))
-        self.served, self.watermarks = served, watermarks
-
-    def rebuild_from(self, tp: TP) -> int:
-        served = self.served
-        if served is None:
-            return 0
-        return int(served.rebuild_from.get(tp.topic, {}).get(str(tp.partition), 0))
 
     # -- positioning, apply, rebuild ----------------------------------------------------------
 
@@ -208,16 +96,13 @@ class SpeedWorker:
         processor = self.processors[tp.topic]
         processor.forget(tp.partition)
         fence = processor.fence(tp.partition)
-        member = f"{tp.topic}:{tp.partition}"
+        member = rebuild_member(tp.topic, tp.partition)
         until = self.store.rebuild_until(member)
         if fence.offset is not None and fence.defs not in (None, processor.defs):
             until = max(until or 0, fence.offset + 1)
             self.store.start_rebuild({member: until})
-            stale = self.store.scan_keys(f"lp:ids:{tp.topic}:{tp.partition}:*")
-            for metric in processor.metrics:
-                pattern = f"lp:cell:{metric.name}:{metric.version}:*:{tp.partition}"
-                stale += self.store.scan_keys(pattern)
-            self.store.delete_keys([fence_key(tp.topic, tp.partition), *stale])
+            versions = [(m.name, m.version) for m in processor.metrics]
+            self.store.delete_keys(self.store.partition_keys(tp.topic, tp.partition, versions))
             processor.forget(tp.partition)
             fence = processor.fence(tp.partition)
             self.metrics.rebuilds.inc()
@@ -230,8 +115,8 @@ class SpeedWorker:
         if fence.offset is not None:
             target = fence.offset + 1
         else:
-            await asyncio.to_thread(self.refresh_served)
-            target = self.rebuild_from(tp)
+            await asyncio.to_thread(self.served.refresh)
+            target = self.served.rebuild_from(tp.topic, tp.partition)
             committed = self.consumer._committed_offset.get(tp)
             if until is None and committed is not None and committed > target:
                 until = committed
@@ -259,7 +144,7 @@ class SpeedWorker:
         processor = self.processors[tp.topic]
         started = time.perf_counter()
         with collector_paused():  # see `tune_gc`
-            outcome = processor.process(self.epoch, tp.partition, records, self.watermarks)
+            outcome = processor.process(self.epoch, tp.partition, records, self.served.watermarks)
         metrics = self.metrics
         if outcome.status == APPLIED:
             metrics.apply_seconds.observe(time.perf_counter() - started)
@@ -277,7 +162,7 @@ class SpeedWorker:
                 self.consumer.mark_applied(tp, outcome.fence.offset + 1)
                 until = self.rebuilding.get(tp)
                 if until is not None and outcome.fence.offset + 1 >= until:
-                    self.store.finish_rebuild(f"{tp.topic}:{tp.partition}")
+                    self.store.finish_rebuild(rebuild_member(tp.topic, tp.partition))
                     del self.rebuilding[tp]
                     log.info("event=rebuild_done topic=%s partition=%d", tp.topic, tp.partition)
         elif outcome.status == FENCE_MOVED:
@@ -288,39 +173,29 @@ class SpeedWorker:
 
     def epoch_lost(self) -> bool:
         """True when the epoch marker is gone or replaced: Redis lost the speed view."""
-        current = self.redis.get(EPOCH_KEY)
-        if current is None:
-            return True
-        return (current.decode() if isinstance(current, bytes) else str(current)) != self.epoch
+        return self.store.epoch() != self.epoch
 
     def start_rebuild(self) -> None:
         """Rule 9: the epoch marker vanished, so Redis lost the speed view. Rebuild every owned
         partition from `rebuild_from` with empty state, marked `rebuilding` until it is read
         back to where this worker was."""
         self.epoch = ensure_epoch(self.redis, uuid.uuid4().hex)
-        self.refresh_served()
+        self.served.refresh()
         consumer = self.consumer
         members: dict[str, int] = {}
         owned = consumer.assignment()
         for tp in owned:
             self.processors[tp.topic].forget(tp.partition)
             reached = max(consumer._applied.get(tp, 0), consumer._read_offset.get(tp) or 0)
-            target = self.rebuild_from(tp)
+            target = self.served.rebuild_from(tp.topic, tp.partition)
             if reached > target:
-                members[f"{tp.topic}:{tp.partition}"] = reached
+                members[rebuild_member(tp.topic, tp.partition)] = reached
         self.store.start_rebuild(members)
         self.metrics.rebuilds.inc()
         log.warning("event=rebuild_started epoch=%s partitions=%s", self.epoch, sorted(members))
         consumer.reposition(owned)
 
     # -- housekeeping ------------------------------------------------------------------------
-
-    def safe_watermark(self, metric: str) -> int | None:
-        """The largest W of `metric` served for at least `cleanup_delay_s` (rule 8)."""
-        delay = self.settings.speed.cleanup_delay_s
-        now = time.monotonic()
-        ready = [w for seen_at, w in self._w_seen.get(metric, []) if now - seen_at >= delay]
-        return max(ready, default=None)
 
     def cleanup(self, owned: set[TP]) -> tuple[int, int]:
         """Delete owned cells ending at or before a long-served W, and owned de-dup id sets
@@ -333,21 +208,15 @@ class SpeedWorker:
         for topic, partitions in by_topic.items():
             processor = self.processors[topic]
             for metric in processor.metrics:
-                safe = self.safe_watermark(metric.name)
+                safe = self.served.safe_watermark(metric.name)
                 if safe is None:
                     continue
-                prefix = f"lp:cell:{metric.name}:{metric.version}:"
-                for key in self.store.scan_keys(prefix + "*"):
-                    start, _, partition = key[len(prefix) :].partition(":")
-                    if int(partition) in partitions and int(start) + metric.base_window_ms <= safe:
+                for key, start, partition in self.store.sub_cells(metric.name, metric.version):
+                    if partition in partitions and start + metric.base_window_ms <= safe:
                         cells.append(key)
-            prefix = f"lp:ids:{topic}:"
-            for key in self.store.scan_keys(prefix + "*"):
-                partition, _, bucket = key[len(prefix) :].partition(":")
-                if int(partition) not in partitions:
-                    continue
-                fence = processor.known_fence(int(partition))
-                if fence is not None and self._late_for_all(processor, int(bucket), fence):
+            for key, partition, bucket in self.store.id_sets(topic):
+                fence = processor.known_fence(partition) if partition in partitions else None
+                if fence is not None and self._late_for_all(processor, bucket, fence):
                     id_sets.append(key)
         if cells:
             self.store.delete_keys(cells)
@@ -357,7 +226,8 @@ class SpeedWorker:
 
     def _late_for_all(self, processor: SourceProcessor, bucket: int, fence: Fence) -> bool:
         metrics = [
-            (m.base_window_ms, m.grace_ms, self.watermarks.get(m.name)) for m in processor.metrics
+            (m.base_window_ms, m.grace_ms, self.served.watermarks.get(m.name))
+            for m in processor.metrics
         ]
         return id_bucket_closed(bucket, processor.id_bucket_ms, metrics, fence.stream_time)
 
@@ -418,7 +288,7 @@ class SpeedWorker:
 
         @app.timer(interval=speed.watermark_refresh_s)
         async def refresh_timer() -> None:
-            await asyncio.to_thread(self.refresh_served)
+            await asyncio.to_thread(self.served.refresh)
             self.report_lag()
             if self.epoch_lost():
                 self.start_rebuild()
@@ -436,7 +306,7 @@ class SpeedWorker:
         return app
 
     def start(self) -> None:
-        self.refresh_served()
+        self.served.refresh()
         consumer = self.consumer
         consumer.handler = self.apply_batch
         consumer.position_of = self.position_of

@@ -1,29 +1,30 @@
 """One source's batch of records of one partition: parse → de-dup → lateness → pre-aggregate →
 merge with the stored sub-cells → one fenced Lua apply (rule 3). The semantics are `shared`'s
-(`parse_fields` = `parse_record`, `metric_inputs` = `metric_input`, `window_start`, rule 2 as
-in `shared.lateness.is_late`); this module only makes them cheap per event.
+(`parse_fields` = `parse_record`, `metric_inputs` = `metric_input`, `window_start`, rule 2 by
+`shared.lateness.latest_late_start`, the states by `shared.aggregations.fold_inputs`); this
+module only makes them cheap per event. `decide` is a pure function of the batch and what it
+reads of the view; `SourceProcessor.process` does the I/O around it.
 
 Hot path (profiled with py-spy; the worker is CPU-bound, so Python work per event is what
 decides its speed): one loop in offset order parses each record and keeps plain tuples (no
 object per event), the stream time as of each event and the batch's de-dup markers; one
 SMISMEMBER round trip finds the ids earlier batches recorded; then one loop per metric over
 the surviving events (validity, lateness, grouping per (base cell, key) as lists of input
-tuples). Aggregates are built once per group with C-level `sum`/`min`/`max`, DataSketches
-HLL sketches from the group's distinct values, and merged with the stored state (one HMGET
-per touched sub-cell, one round trip).
+tuples). Each group is folded once into its stored state by the aggregation registry
+(`shared.aggregations.fold_inputs`: plain columns, and each sketch updated with the group's
+items), reading the stored states with one HMGET per touched sub-cell, in one round trip.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, NamedTuple, Protocol
 
-from shared.aggregates import AggState, new_sketch
+from shared.aggregations import decode_state, encode_state, fold_inputs
 from shared.config import Settings, SourceConfig
 from shared.events import (
     InputFields,
@@ -32,13 +33,14 @@ from shared.events import (
     metric_inputs,
     parse_fields,
 )
-from shared.metric_plan import versions_digest
-from shared.speed_store import (
+from shared.lateness import latest_late_start
+from shared.metric_plan import MetricPlan, versions_digest
+from shared.speed_view import (
     APPLIED,
     FENCE_MOVED,
     ApplyBatch,
     Fence,
-    SpeedStore,
+    SpeedViewWriter,
     cell_key,
     encode_key,
     ids_key,
@@ -94,6 +96,35 @@ _NO_TIME = -(2**63)
 """The stream time of a partition that has read no source-valid record yet."""
 
 
+class ViewState(Protocol):
+    """What deciding a batch reads of the speed view (`SpeedViewWriter` answers from Redis)."""
+
+    def known_ids(self, requests: Mapping[str, Sequence[str]]) -> dict[str, list[bool]]: ...
+
+    def read_fields(
+        self, requests: Mapping[str, Sequence[bytes]]
+    ) -> dict[str, list[bytes | None]]: ...
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    """One source as the speed layer decides it: its metrics' plans, the de-dup id bucket and
+    the digest of the metric versions its fences record."""
+
+    source: SourceConfig
+    metrics: tuple[MetricPlan, ...]
+    id_bucket_ms: int
+    """The source's smallest base window: ids are kept per (partition, bucket) (rule 4)."""
+    defs: str
+    """The metric versions this worker builds cells with (stored in each fence)."""
+
+    @classmethod
+    def of(cls, settings: Settings, source: SourceConfig) -> SourcePlan:
+        metrics = settings.plans_of(source)
+        bucket = min((m.base_window_ms for m in metrics), default=60_000)
+        return cls(source, metrics, bucket, versions_digest(metrics))
+
+
 class SourceProcessor:
     """Applies batches of one source's records to the speed view, exactly once per partition.
 
@@ -101,15 +132,15 @@ class SourceProcessor:
     a failed compare-and-set, a rebuild)."""
 
     def __init__(
-        self, settings: Settings, source: SourceConfig, store: SpeedStore, publish: Publish
+        self, settings: Settings, source: SourceConfig, store: SpeedViewWriter, publish: Publish
     ) -> None:
+        self.plan = SourcePlan.of(settings, source)
         self.source = source
+        self.metrics = self.plan.metrics
+        self.id_bucket_ms = self.plan.id_bucket_ms
+        self.defs = self.plan.defs
         self._store = store
         self._publish = publish
-        self.metrics = settings.plans_of(source)
-        self.id_bucket_ms = min((m.base_window_ms for m in self.metrics), default=60_000)
-        self.defs = versions_digest(self.metrics)
-        """The metric versions this worker builds cells with (stored in each fence)."""
         self._fences: dict[int, Fence] = {}
 
     def forget(self, partition: int) -> None:
@@ -134,12 +165,14 @@ class SourceProcessor:
         records: Sequence[KafkaRecord],
         watermarks: Mapping[str, int | None],
     ) -> BatchOutcome:
+        """Decide a batch (`decide`, reading the view through Redis), publish its dead letters
+        and late events, and apply it with one fenced call (rule 3)."""
         fence = self.fence(partition)
         if fence.offset is not None and records and records[0].offset <= fence.offset:
             records = [r for r in records if r.offset > fence.offset]
         if not records:
             return BatchOutcome(APPLIED, fence)
-        outcome, batch = self.decide(partition, fence, records, watermarks)
+        outcome, batch = decide(self.plan, partition, fence, records, watermarks, self._store)
         self._publish(self.source.topic, partition, outcome.dead_letters, outcome.late)
         outcome.status = self._store.apply(
             epoch, self.source.topic, partition, fence, outcome.fence, batch
@@ -156,168 +189,161 @@ class SourceProcessor:
                 )
         return outcome
 
-    def decide(
-        self,
-        partition: int,
-        fence: Fence,
-        records: Sequence[KafkaRecord],
-        watermarks: Mapping[str, int | None],
-    ) -> tuple[BatchOutcome, ApplyBatch]:
-        """Rules 2 and 4 per event in offset order; returns the outcome and what to write.
 
-        Two kinds of tight loops. First, in offset order, what does not depend on the metric:
-        parse, dead letters, the stream time as of each event, de-duplication within the
-        batch (then against Redis, one round trip for the whole batch). Then per metric, over
-        the surviving events: metric-level validity, lateness against the stream time as of
-        the event, and grouping per (cell, key); states are built once per group."""
-        source = self.source
-        topic = source.topic
-        bucket_ms = self.id_bucket_ms
-        outcome = BatchOutcome(APPLIED, fence, records=len(records))
-        dead_letters = outcome.dead_letters
-        stream_time = _NO_TIME if fence.stream_time is None else fence.stream_time
-        seen: set[tuple[int, str]] = set()
-        new_ids: dict[int, list[str]] = defaultdict(list)
-        live_fields: list[dict[str, Any]] = []
-        live: list[tuple[int, int, int, tuple[int, str] | None]] = []
-        """Per surviving event: (index in the batch, event time, stream time as of the event,
-        its de-dup marker (bucket, id) or None)."""
-        duplicates = 0
-        for index, record in enumerate(records):
-            event = parse_fields(record.value, record.timestamp, source)
-            if type(event) is Malformed:
-                dead_letters.append(Rejected(record.offset, record.value, event.reason))
+def decide(
+    plan: SourcePlan,
+    partition: int,
+    fence: Fence,
+    records: Sequence[KafkaRecord],
+    watermarks: Mapping[str, int | None],
+    view: ViewState,
+) -> tuple[BatchOutcome, ApplyBatch]:
+    """Rules 2 and 4 per event in offset order; returns the outcome and what to write. A pure
+    function of the batch, the fence it follows, W and what it reads of the view (`view`:
+    the ids earlier batches recorded, the stored states it merges into).
+
+    Two kinds of tight loops. First, in offset order, what does not depend on the metric:
+    parse, dead letters, the stream time as of each event, de-duplication within the
+    batch (then against Redis, one round trip for the whole batch). Then per metric, over
+    the surviving events: metric-level validity, lateness against the stream time as of
+    the event, and grouping per (cell, key); states are built once per group."""
+    source = plan.source
+    topic = source.topic
+    bucket_ms = plan.id_bucket_ms
+    outcome = BatchOutcome(APPLIED, fence, records=len(records))
+    dead_letters = outcome.dead_letters
+    stream_time = _NO_TIME if fence.stream_time is None else fence.stream_time
+    seen: set[tuple[int, str]] = set()
+    new_ids: dict[int, list[str]] = defaultdict(list)
+    live_fields: list[dict[str, Any]] = []
+    live: list[tuple[int, int, int, tuple[int, str] | None]] = []
+    """Per surviving event: (index in the batch, event time, stream time as of the event,
+    its de-dup marker (bucket, id) or None)."""
+    duplicates = 0
+    for index, record in enumerate(records):
+        event = parse_fields(record.value, record.timestamp, source)
+        if type(event) is Malformed:
+            dead_letters.append(Rejected(record.offset, record.value, event.reason))
+            continue
+        fields, time_ms, event_id = event  # type: ignore[misc]
+        if time_ms > stream_time:
+            stream_time = time_ms
+        marker = None
+        if event_id is not None:
+            bucket = time_ms - time_ms % bucket_ms
+            marker = (bucket, event_id)
+            if marker in seen:
+                duplicates += 1
                 continue
-            fields, time_ms, event_id = event  # type: ignore[misc]
-            if time_ms > stream_time:
-                stream_time = time_ms
-            marker = None
-            if event_id is not None:
-                bucket = time_ms - time_ms % bucket_ms
-                marker = (bucket, event_id)
-                if marker in seen:
-                    duplicates += 1
-                    continue
-                seen.add(marker)
-                new_ids[bucket].append(event_id)
-            live_fields.append(fields)
-            live.append((index, time_ms, stream_time, marker))
-        known = self._known_ids(partition, new_ids)
-        if known:
-            kept = [i for i, item in enumerate(live) if item[3] not in known]
-            duplicates += len(live) - len(kept)
-            live = [live[i] for i in kept]
-            live_fields = [live_fields[i] for i in kept]
-            for bucket, members in list(new_ids.items()):
-                new_ids[bucket] = [m for m in members if (bucket, m) not in known]
-        outcome.duplicates = duplicates
+            seen.add(marker)
+            new_ids[bucket].append(event_id)
+        live_fields.append(fields)
+        live.append((index, time_ms, stream_time, marker))
+    known = _known_ids(topic, partition, new_ids, view)
+    if known:
+        kept = [i for i, item in enumerate(live) if item[3] not in known]
+        duplicates += len(live) - len(kept)
+        live = [live[i] for i in kept]
+        live_fields = [live_fields[i] for i in kept]
+        for bucket, members in list(new_ids.items()):
+            new_ids[bucket] = [m for m in members if (bucket, m) not in known]
+    outcome.duplicates = duplicates
 
-        late_for: dict[int, list[str]] = {}
-        groups: list[dict[tuple[int, tuple[str, ...]], list[InputFields]]] = []
-        for metric in self.metrics:
-            name = metric.name
-            base = metric.base_window_ms
-            closed_after_grace = base + metric.grace_ms
-            watermark = watermarks.get(name)
-            served_until = _NO_TIME if watermark is None else watermark - base
-            cells: defaultdict[tuple[int, tuple[str, ...]], list[InputFields]] = defaultdict(list)
-            groups.append(cells)
-            skipped: Counter[str] = Counter()
-            late = 0
-            for (index, time_ms, as_of, _), contribution in zip(
-                live, metric_inputs(live_fields, metric), strict=True
-            ):
-                if type(contribution) is Skipped:
-                    skipped[contribution.reason] += 1
-                    continue
-                start = time_ms - time_ms % base
-                if start <= as_of - closed_after_grace or start <= served_until:
-                    late += 1
-                    names = late_for.get(index)
-                    if names is None:
-                        late_for[index] = [name]
-                    else:
-                        names.append(name)
-                    continue
-                cells[(start, contribution[0])].append(contribution)  # type: ignore[index,arg-type]
-            if late:
-                outcome.late_by_metric[name] += late
-            for reason, n in skipped.items():
-                outcome.skipped[(name, reason)] += n
-        for index in sorted(late_for):
-            record = records[index]
-            outcome.late.append(Rejected(record.offset, record.value, ",".join(late_for[index])))
-
-        new_stream_time = None if stream_time == _NO_TIME else stream_time
-        outcome.fence = Fence(records[-1].offset, new_stream_time, self.defs)
-        ids = {
-            ids_key(topic, partition, bucket): members
-            for bucket, members in new_ids.items()
-            if members
-        }
-        return outcome, ApplyBatch(self._merged_cells(partition, groups), ids)
-
-    def _known_ids(
-        self, partition: int, ids_by_bucket: Mapping[int, Sequence[str]]
-    ) -> set[tuple[int, str]]:
-        """(bucket, id) of this batch's ids that earlier batches recorded (one round trip,
-        SMISMEMBER per bucket)."""
-        if not ids_by_bucket:
-            return set()
-        topic = self.source.topic
-        requests = {ids_key(topic, partition, b): (b, ids) for b, ids in ids_by_bucket.items()}
-        answers = self._store.known_ids({k: v[1] for k, v in requests.items()})
-        known: set[tuple[int, str]] = set()
-        for key, (bucket, members) in requests.items():
-            for member, present in zip(members, answers[key], strict=True):
-                if present:
-                    known.add((bucket, member))
-        return known
-
-    def _merged_cells(
-        self,
-        partition: int,
-        groups: Sequence[Mapping[tuple[int, tuple[str, ...]], Sequence[InputFields]]],
-    ) -> dict[str, dict[bytes, bytes]]:
-        """Build each touched (cell, key) state once, from its group of inputs, and merge it
-        into the stored one (one HMGET per touched sub-cell, all in one round trip)."""
-        wanted: dict[str, list[tuple[bytes, int, tuple[int, tuple[str, ...]]]]] = defaultdict(list)
-        for index, cells in enumerate(groups):
-            metric = self.metrics[index]
-            name, version = metric.name, metric.version
-            for slot in cells:
-                start, key = slot
-                wanted[cell_key(name, version, start, partition)].append(
-                    (encode_key(key), index, slot)
-                )
-        stored = self._store.read_fields(
-            {name: [f for f, _, _ in fs] for name, fs in wanted.items()}
-        )
-        values_of = itemgetter(1)
-        distincts_of = itemgetter(2)
-        inf, ninf = math.inf, -math.inf
-        out: dict[str, dict[bytes, bytes]] = {}
-        for name, fields in wanted.items():
-            cell: dict[bytes, bytes] = {}
-            for (encoded, index, slot), previous in zip(fields, stored[name], strict=True):
-                group = groups[index][slot]
-                metric = self.metrics[index]
-                if metric.value is None:
-                    total, minimum, maximum = 0.0, inf, ninf
+    late_for: dict[int, list[str]] = {}
+    groups: list[dict[tuple[int, tuple[str, ...]], list[InputFields]]] = []
+    for metric in plan.metrics:
+        name = metric.name
+        base = metric.base_window_ms
+        grace = metric.grace_ms
+        watermark = watermarks.get(name)
+        as_of_seen, bound = _NO_TIME, latest_late_start(base, grace, None, watermark)
+        cells: defaultdict[tuple[int, tuple[str, ...]], list[InputFields]] = defaultdict(list)
+        groups.append(cells)
+        skipped: Counter[str] = Counter()
+        late = 0
+        for (index, time_ms, as_of, _), contribution in zip(
+            live, metric_inputs(live_fields, metric), strict=True
+        ):
+            if type(contribution) is Skipped:
+                skipped[contribution.reason] += 1
+                continue
+            start = time_ms - time_ms % base
+            if as_of != as_of_seen:  # the stream time moves only on a new maximum
+                as_of_seen, bound = as_of, latest_late_start(base, grace, as_of, watermark)
+            if start <= bound:
+                late += 1
+                names = late_for.get(index)
+                if names is None:
+                    late_for[index] = [name]
                 else:
-                    values = list(map(values_of, group))
-                    total, minimum, maximum = sum(values, 0.0), min(values), max(values)
-                sketches = []
-                if metric.distinct_fields:
-                    columns = zip(*map(distincts_of, group), strict=True)
-                    for items in columns:
-                        sketch = new_sketch()
-                        for item in set(items):
-                            sketch.update(item)
-                        sketches.append(sketch)
-                state = AggState(len(group), total, minimum, maximum, sketches)
-                if previous is not None:
-                    state = AggState.from_bytes(previous).merge(state)
-                cell[encoded] = state.to_bytes()
-            out[name] = cell
-        return out
+                    names.append(name)
+                continue
+            cells[(start, contribution[0])].append(contribution)  # type: ignore[index,arg-type]
+        if late:
+            outcome.late_by_metric[name] += late
+        for reason, n in skipped.items():
+            outcome.skipped[(name, reason)] += n
+    for index in sorted(late_for):
+        record = records[index]
+        outcome.late.append(Rejected(record.offset, record.value, ",".join(late_for[index])))
+
+    new_stream_time = None if stream_time == _NO_TIME else stream_time
+    outcome.fence = Fence(records[-1].offset, new_stream_time, plan.defs)
+    ids = {
+        ids_key(topic, partition, bucket): members for bucket, members in new_ids.items() if members
+    }
+    return outcome, ApplyBatch(_merged_cells(plan.metrics, partition, groups, view), ids)
+
+
+def _known_ids(
+    topic: str, partition: int, ids_by_bucket: Mapping[int, Sequence[str]], view: ViewState
+) -> set[tuple[int, str]]:
+    """(bucket, id) of this batch's ids that earlier batches recorded (one round trip,
+    SMISMEMBER per bucket)."""
+    if not ids_by_bucket:
+        return set()
+    requests = {ids_key(topic, partition, b): (b, ids) for b, ids in ids_by_bucket.items()}
+    answers = view.known_ids({k: v[1] for k, v in requests.items()})
+    known: set[tuple[int, str]] = set()
+    for key, (bucket, members) in requests.items():
+        for member, present in zip(members, answers[key], strict=True):
+            if present:
+                known.add((bucket, member))
+    return known
+
+
+def _merged_cells(
+    metrics: Sequence[MetricPlan],
+    partition: int,
+    groups: Sequence[Mapping[tuple[int, tuple[str, ...]], Sequence[InputFields]]],
+    view: ViewState,
+) -> dict[str, dict[bytes, bytes]]:
+    """Build each touched (cell, key) state once, from its group of inputs, and merge it
+    into the stored one (one HMGET per touched sub-cell, all in one round trip)."""
+    wanted: dict[str, list[tuple[bytes, int, tuple[int, tuple[str, ...]]]]] = defaultdict(list)
+    for index, cells in enumerate(groups):
+        metric = metrics[index]
+        name, version = metric.name, metric.version
+        for slot in cells:
+            start, key = slot
+            wanted[cell_key(name, version, start, partition)].append((encode_key(key), index, slot))
+    stored = view.read_fields({name: [f for f, _, _ in fs] for name, fs in wanted.items()})
+    values_of = itemgetter(1)
+    items_of = itemgetter(2)
+    out: dict[str, dict[bytes, bytes]] = {}
+    for name, fields in wanted.items():
+        cell: dict[bytes, bytes] = {}
+        for (encoded, index, slot), previous in zip(fields, stored[name], strict=True):
+            group = groups[index][slot]
+            metric = metrics[index]
+            kinds = metric.kinds
+            state = fold_inputs(
+                kinds,
+                None if previous is None else decode_state(previous),
+                None if metric.value is None else list(map(values_of, group)),
+                list(zip(*map(items_of, group), strict=True)) if kinds else [],
+                len(group),
+            )
+            cell[encoded] = encode_state(state)
+        out[name] = cell
+    return out

@@ -68,9 +68,10 @@ def _url_with_db(url: str, dbname: str) -> str:
     return f"{base}/{dbname}"
 
 
-def platform_config(tag: str, partitions: int = 4) -> dict[str, Any]:
-    """The demo's source and metrics, with this test's topic name."""
-    return {
+def platform_config(tag: str, partitions: int = 4, *, quantiles: bool = True) -> dict[str, Any]:
+    """The demo's source and metrics, with this test's topic name (`quantiles=False`: without
+    `quantiles(latency_ms)`, the metrics benchmarks measured before quantiles existed)."""
+    config = {
         "sources": [
             {
                 "name": "pageviews",
@@ -86,7 +87,15 @@ def platform_config(tag: str, partitions: int = 4) -> dict[str, Any]:
                 "source": "pageviews",
                 "key": ["page"],
                 "value": "latency_ms",
-                "aggregations": ["count", "sum", "min", "max", "avg", "distinct(user_id)"],
+                "aggregations": [
+                    "count",
+                    "sum",
+                    "min",
+                    "max",
+                    "avg",
+                    "distinct(user_id)",
+                    "quantiles(latency_ms)",
+                ],
                 "windows": ["1m", "1h", "1d"],
                 "grace": "2m",
             },
@@ -100,6 +109,10 @@ def platform_config(tag: str, partitions: int = 4) -> dict[str, Any]:
             },
         ],
     }
+    if not quantiles:
+        for metric in config["metrics"]:
+            metric["aggregations"].remove("quantiles(latency_ms)")
+    return config
 
 
 @pytest.fixture

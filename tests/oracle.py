@@ -3,7 +3,8 @@
 Written independently of the project's code on purpose: it imports nothing from `shared`,
 `speed_layer`, `batch_layer`, `serving_layer` or `lambdactl`, so a bug there cannot hide in
 both the system and its reference. Everything is computed exactly and slowly: every event is
-kept, distinct counts are Python sets, sums are `math.fsum`.
+kept, distinct counts are Python sets, sums are `math.fsum`, quantiles are read off the
+sorted list of every value (`ExactQuantile`).
 
 Choices the design leaves open, made here once:
 - JSON is strict: the value must be UTF-8 text holding one JSON object; `NaN`/`Infinity`
@@ -13,7 +14,13 @@ Choices the design leaves open, made here once:
   accepted, as the RFC allows), no leap second `60`, 1 to 6 fractional digits.
 - Any event time (integer or text) outside the years 1..9999 UTC is malformed.
 - A duplicate is dropped before any metric sees it; a skipped event is counted as skipped,
-  not late, for that metric.
+  not late, for that metric. Skips are counted per metric, not per reason.
+- `quantiles(f)`: the field follows the `value` rules (a finite JSON number, not a boolean; an
+  integer too large for a double is invalid); the exact quantile of fraction q over a cell's n
+  values is the *inclusive lower quantile*, the smallest value v with #{values <= v} >= q n
+  (what DataSketches' `get_quantile(q)` estimates with inclusive ranks). A layer's answer is
+  judged by rank, not value (`compare`, `ExactQuantile.accepts`): the KLL sketch bounds the
+  rank error, never the value error.
 """
 
 from __future__ import annotations
@@ -23,8 +30,12 @@ import math
 import re
 import time
 import uuid
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 from typing import Any
 
 Cell = tuple[str, int, int, tuple[str, ...]]
@@ -33,6 +44,7 @@ Cell = tuple[str, int, int, tuple[str, ...]]
 _UNITS_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _DURATION = re.compile(r"([0-9]+)([smhd])")
 _DISTINCT = re.compile(r"distinct\((.+)\)")
+_QUANTILES = re.compile(r"quantiles\(\s*([^\s()]+)\s*\)")
 _RFC3339 = re.compile(
     r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})"
     r"(?:\.([0-9]{1,6}))?([Zz]|[+-][0-9]{2}:[0-9]{2})"
@@ -41,6 +53,14 @@ _EPOCH = datetime(1970, 1, 1)
 _MIN_MS = (datetime(1, 1, 1) - _EPOCH) // timedelta(milliseconds=1)
 _MAX_MS = (datetime(9999, 12, 31, 23, 59, 59, 999_000) - _EPOCH) // timedelta(milliseconds=1)
 _PLAIN_AGGREGATIONS = ("count", "sum", "min", "max", "avg")
+
+DEFAULT_QUANTILES: tuple[str, ...] = ("0.5", "0.9", "0.99")
+"""The fractions a `quantiles(f)` cell renders unless asked otherwise (`p50`, `p90`, `p99`)."""
+KLL_RANK_EPS = 0.0133
+"""Normalized rank error allowed of a reported quantile: the a-priori single-sided error of a
+DataSketches KLL sketch with k = 200 (`kll_doubles_sketch.get_normalized_rank_error(200,
+False)` = 0.013295, at 99% confidence), rounded up. A sketch that has kept every item (n <= k)
+is exact, so this only loosens the check for larger cells."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +103,7 @@ class _Metric:
     value: str | None
     aggregations: list[str]
     distinct_fields: list[str]
+    quantile_field: str | None
     windows_ms: list[int]
     grace_ms: int
 
@@ -96,6 +117,7 @@ class _Acc:
     count: int = 0
     values: list[float] = field(default_factory=list)
     distinct: dict[str, set[str]] = field(default_factory=dict)
+    quantile_values: list[float] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- config
@@ -129,14 +151,20 @@ def _metrics(config: dict[str, Any]) -> list[_Metric]:
     for m in config["metrics"]:
         aggregations = [str(a).strip() for a in m["aggregations"]]
         distinct_fields = []
+        quantile_fields = []
         for a in aggregations:
             match = _DISTINCT.fullmatch(a)
+            quantiles = _QUANTILES.fullmatch(a)
             if match is not None:
                 distinct_fields.append(match.group(1))
+            elif quantiles is not None:
+                quantile_fields.append(quantiles.group(1))
             elif a not in _PLAIN_AGGREGATIONS:
                 raise ValueError(f"oracle does not know aggregation {a!r}")
             elif a != "count" and m.get("value") is None:
                 raise ValueError(f"metric {m['name']!r}: {a} needs a value field")
+        if len(quantile_fields) > 1:
+            raise ValueError(f"metric {m['name']!r}: at most one quantiles(<field>)")
         windows = [parse_duration(w) for w in m["windows"]]
         if not windows or min(windows) <= 0:
             raise ValueError(f"metric {m['name']!r}: windows must be positive")
@@ -148,6 +176,7 @@ def _metrics(config: dict[str, Any]) -> list[_Metric]:
                 value=m.get("value"),
                 aggregations=aggregations,
                 distinct_fields=distinct_fields,
+                quantile_field=quantile_fields[0] if quantile_fields else None,
                 windows_ms=windows,
                 grace_ms=parse_duration(m.get("grace", "0s")),
             )
@@ -241,10 +270,23 @@ def _validate(source: _Source, record: Record) -> tuple[dict[str, Any], int, str
     return event, event_time, event_id
 
 
+def finite_number(raw: Any) -> float | None:
+    """A JSON number as a finite double; None for a boolean, a non-number, an integer too large
+    for a double, or a non-finite float (`1e999` decodes to inf)."""
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        return None
+    try:
+        value = float(raw)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
+
+
 def _metric_fields(
     metric: _Metric, event: dict[str, Any]
-) -> tuple[tuple[str, ...], float | None, dict[str, str]] | None:
-    """(key, value, distinct values) of the event for this metric, or None when skipped."""
+) -> tuple[tuple[str, ...], float | None, dict[str, str], float | None] | None:
+    """(key, value, distinct values, quantile value) of the event for this metric, or None
+    when skipped."""
     key = []
     for dim in metric.key:
         text = canonical(event.get(dim))
@@ -259,16 +301,15 @@ def _metric_fields(
         distinct[name] = text
     value = None
     if metric.value is not None:
-        raw = event.get(metric.value)
-        if isinstance(raw, bool) or not isinstance(raw, int | float):
+        value = finite_number(event.get(metric.value))
+        if value is None:
             return None
-        try:
-            value = float(raw)
-        except OverflowError:
+    quantile = None
+    if metric.quantile_field is not None:
+        quantile = finite_number(event.get(metric.quantile_field))
+        if quantile is None:
             return None
-        if not math.isfinite(value):
-            return None
-    return tuple(key), value, distinct
+    return tuple(key), value, distinct, quantile
 
 
 # --------------------------------------------------------------------------- computation
@@ -289,15 +330,18 @@ def compute(
     *,
     late_rule: bool = False,
     watermarks: dict[str, int] | None = None,
+    quantiles: Sequence[str | float | Decimal] = DEFAULT_QUANTILES,
 ) -> OracleResult:
     """Every cell of every metric over `records`, with the layers' counts.
 
     Without `late_rule` every valid, non-duplicate event counts (the batch's answer). With it,
     rule 2 drops late events per metric, as the speed layer does; `watermarks` (metric -> W)
-    adds the `cell_end <= W` half of that rule.
+    adds the `cell_end <= W` half of that rule. A `quantiles(f)` metric's cells carry one
+    `ExactQuantile` per fraction in `quantiles` (the API's `q`), named by `quantile_name`.
     """
     if watermarks is not None and not late_rule:
         raise ValueError("watermarks only apply with late_rule=True")
+    fractions = _fractions(quantiles)
     sources = _sources(config)
     metrics = _metrics(config)
     accs: dict[Cell, _Acc] = {}
@@ -340,7 +384,7 @@ def compute(
                     ):
                         _bump(late, metric.name)
                         continue
-                key, value, distinct = fields
+                key, value, distinct, quantile = fields
                 for size in metric.windows_ms:
                     cell = (metric.name, size, window_start(event_time, size), key)
                     acc = accs.setdefault(cell, _Acc())
@@ -349,18 +393,24 @@ def compute(
                         acc.values.append(value)
                     for name, text in distinct.items():
                         acc.distinct.setdefault(name, set()).add(text)
+                    if quantile is not None:
+                        acc.quantile_values.append(quantile)
 
     by_name = {m.name: m for m in metrics}
-    cells = {cell: _finish(by_name[cell[0]], acc) for cell, acc in accs.items()}
+    cells = {cell: _finish(by_name[cell[0]], acc, fractions) for cell, acc in accs.items()}
     return OracleResult(cells, malformed, skipped, late, duplicates, stream_time)
 
 
-def _finish(metric: _Metric, acc: _Acc) -> dict[str, float | int]:
+def _finish(metric: _Metric, acc: _Acc, fractions: Sequence[Decimal]) -> dict[str, float | int]:
     out: dict[str, float | int] = {}
     for agg in metric.aggregations:
         match = _DISTINCT.fullmatch(agg)
         if match is not None:
             out[f"distinct_{match.group(1)}"] = len(acc.distinct[match.group(1)])
+        elif _QUANTILES.fullmatch(agg) is not None:
+            ordered = tuple(sorted(acc.quantile_values))
+            for q in fractions:
+                out[quantile_name(q)] = ExactQuantile(q, ordered)
         elif agg == "count":
             out["count"] = acc.count
         elif agg == "sum":
@@ -387,9 +437,12 @@ def compute_cells(
     *,
     late_rule: bool = False,
     watermarks: dict[str, int] | None = None,
+    quantiles: Sequence[str | float | Decimal] = DEFAULT_QUANTILES,
 ) -> dict[Cell, dict[str, float | int]]:
     """`compute(...).cells`."""
-    return compute(config, records, late_rule=late_rule, watermarks=watermarks).cells
+    return compute(
+        config, records, late_rule=late_rule, watermarks=watermarks, quantiles=quantiles
+    ).cells
 
 
 def batch_watermark(
@@ -406,6 +459,83 @@ def batch_watermark(
     return w if prev is None else max(prev, w)
 
 
+# --------------------------------------------------------------------------- quantiles
+
+
+def _fractions(quantiles: Sequence[str | float | Decimal]) -> list[Decimal]:
+    """Each fraction as the exact decimal it is written as (a float by its shortest repr)."""
+    fractions = []
+    for q in quantiles:
+        try:
+            fraction = Decimal(str(q))
+        except InvalidOperation:
+            fraction = Decimal("NaN")
+        if not fraction.is_finite() or not 0 < fraction < 1:
+            raise ValueError(f"quantile {q!r} is not strictly between 0 and 1")
+        fractions.append(fraction)
+    return fractions
+
+
+def quantile_name(q: str | float | Decimal) -> str:
+    """`p` and 100 q, plain decimal, no trailing zeros: 0.5 -> p50, 0.999 -> p99.9."""
+    (fraction,) = _fractions([q])
+    hundredfold = fraction * 100
+    if hundredfold == hundredfold.to_integral_value():
+        return f"p{int(hundredfold)}"
+    return f"p{format(hundredfold, 'f').rstrip('0')}"
+
+
+def exact_quantile(ordered: Sequence[float], q: str | float | Decimal) -> float:
+    """The inclusive lower quantile of the ascending, non-empty `ordered`: the smallest value v
+    with #{values <= v} >= q n, i.e. `ordered[ceil(q n) - 1]` (q n computed exactly)."""
+    if not ordered:
+        raise ValueError("no values")
+    (fraction,) = _fractions([q])
+    rank = math.ceil(Fraction(fraction) * len(ordered))
+    return ordered[max(rank, 1) - 1]
+
+
+def rank_bounds(ordered: Sequence[float], v: float) -> tuple[float, float]:
+    """(#{values < v} / n, #{values <= v} / n) over the ascending, non-empty `ordered`: the
+    normalized ranks a reported `v` may stand for (equal when v is no value of the cell)."""
+    n = len(ordered)
+    return bisect_left(ordered, v) / n, bisect_right(ordered, v) / n
+
+
+class ExactQuantile(float):
+    """A cell's exact quantile of fraction `q` (the float value), carrying the cell's sorted
+    values so `compare` can judge a sketch's answer by rank (`accepts`).
+
+    A float subclass so a cell's outputs stay `name -> number`: it equals, prints and
+    JSON-encodes as its value, and callers that copy or subset a cell keep the values."""
+
+    q: Decimal
+    values: tuple[float, ...]
+
+    def __new__(cls, q: str | float | Decimal, values: Sequence[float]) -> ExactQuantile:
+        ordered = tuple(sorted(values))
+        self = super().__new__(cls, exact_quantile(ordered, q))
+        (self.q,) = _fractions([q])
+        self.values = ordered
+        return self
+
+    def __reduce__(self) -> tuple[type[ExactQuantile], tuple[Decimal, tuple[float, ...]]]:
+        return type(self), (self.q, self.values)
+
+    def rank_bounds(self, v: float) -> tuple[float, float]:
+        """`rank_bounds` over this cell's values."""
+        return rank_bounds(self.values, v)
+
+    def accepts(self, v: Any, eps: float = KLL_RANK_EPS) -> bool:
+        """Whether `v` is a right answer for q within normalized rank error `eps`: a finite
+        number with rank_lo(v) - eps <= q <= rank_hi(v) + eps."""
+        number = finite_number(v)
+        if number is None:
+            return False
+        lo, hi = self.rank_bounds(number)
+        return lo - eps <= float(self.q) <= hi + eps
+
+
 # --------------------------------------------------------------------------- comparison
 
 
@@ -420,11 +550,15 @@ def compare(
     rel: float = 1e-9,
     distinct_rel: float = 0.05,
     abs_tol: float = 1e-9,
+    rank_eps: float = KLL_RANK_EPS,
 ) -> list[str]:
     """Human-readable differences between two cell maps; empty when they agree.
 
     `count` must be equal; `distinct_*` within `distinct_rel` relative plus 1 (HLL, lg_k=12);
-    every other field within `rel` relative or `abs_tol` absolute (float sums cancel near 0).
+    an expected `ExactQuantile` (`p50`...) by rank, not value: `a` for fraction q is right iff
+    q lies in [rank_lo(a) - rank_eps, rank_hi(a) + rank_eps] over the cell's exact values (KLL,
+    k=200); every other field within `rel` relative or `abs_tol` absolute (float sums cancel
+    near 0).
     """
     lines = []
     for cell in sorted(expected.keys() - actual.keys()):
@@ -445,6 +579,15 @@ def compare(
                 ok = a == e
             elif name.startswith("distinct_"):
                 ok = abs(a - e) <= distinct_rel * abs(e) + 1
+            elif isinstance(e, ExactQuantile):
+                if not e.accepts(a, rank_eps):
+                    number = finite_number(a)
+                    lo, hi = (math.nan,) * 2 if number is None else e.rank_bounds(number)
+                    lines.append(
+                        f"cell {cell}: {name} expected {e} (q={e.q} ± {rank_eps} of "
+                        f"n={len(e.values)}), got {a} (rank {lo:.4f}..{hi:.4f})"
+                    )
+                continue
             else:
                 ok = math.isclose(a, e, rel_tol=rel, abs_tol=abs_tol)
             if not ok:

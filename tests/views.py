@@ -5,35 +5,50 @@ only the oracle may not)."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 import redis
 
-from shared.aggregates import AggState, merge_all, outputs_of
+from shared.aggregations import DEFAULT_RENDER, CellState, decode_state, merge_states
 from shared.config import Settings
-from shared.speed_store import decode_key
+from shared.db.cells import state_of_columns
+from shared.speed_view.keys import cell_of_key, cell_pattern, decode_key
 from shared.windows import window_start
 
 Cells = dict[tuple[str, int, int, tuple[str, ...]], dict[str, Any]]
 
 
-def speed_view_cells(settings: Settings) -> Cells:
-    """Every metric's speed cells (partition sub-cells merged), rolled up to every window."""
-    client = redis.Redis.from_url(settings.redis.url)
+def speed_view_cells(settings: Settings, client: redis.Redis | None = None) -> Cells:
+    """Every metric's speed cells (partition sub-cells merged), rolled up to every window;
+    read from `client`, or from the configured Redis."""
+    client = client or redis.Redis.from_url(settings.redis.url)
+    stored = {
+        name.decode(): client.hgetall(name)
+        for metric in settings.plans.values()
+        for name in client.scan_iter(match=cell_pattern(metric.name, metric.version), count=1000)
+    }
+    return speed_cells_of(settings, stored)
+
+
+def speed_cells_of(settings: Settings, stored: Mapping[str, Mapping[bytes, bytes]]) -> Cells:
+    """`speed_view_cells` of sub-cells given as {cell key: {encoded key: state}}."""
     cells: Cells = {}
     for metric in settings.plans.values():
-        version = metric.version
-        states: dict[tuple[int, int, tuple[str, ...]], list[AggState]] = defaultdict(list)
-        for name in client.scan_iter(match=f"lp:cell:{metric.name}:{version}:*", count=1000):
-            start = int(name.decode().split(":")[4])
-            for encoded, blob in client.hgetall(name).items():
-                state = AggState.from_bytes(blob)
+        prefix = cell_pattern(metric.name, metric.version)[:-1]
+        states: dict[tuple[int, int, tuple[str, ...]], list[CellState]] = defaultdict(list)
+        for name, fields in stored.items():
+            if not name.startswith(prefix):
+                continue
+            start, _partition = cell_of_key(name, metric.name, metric.version)
+            for encoded, blob in fields.items():
+                state = decode_state(blob)
                 for size in metric.windows_ms:
                     states[(size, window_start(start, size), decode_key(encoded))].append(state)
         for (size, start, key), parts in states.items():
-            merged = merge_all(parts)
-            if merged is not None and merged.count:
-                cells[(metric.name, size, start, key)] = merged.outputs(metric)
+            rendered = metric.aggregations.render(merge_states(metric.kinds, parts), DEFAULT_RENDER)
+            if rendered is not None:
+                cells[(metric.name, size, start, key)] = rendered
     return cells
 
 
@@ -42,20 +57,16 @@ def batch_view_cells(settings: Settings, conn: Any) -> Cells:
     rows = conn.execute(
         """
         SELECT c.metric, c.window_ms, c.start_ms, c.key, c.count, c.sum, c.min, c.max,
-               c.distinct_estimates
+               c.sketches, c.sketch_summaries
         FROM batch_cells c JOIN served_view s ON s.id = 1 AND c.generation = s.generation
         """
     ).fetchall()
     cells: Cells = {}
-    for name, size, start, key, count, total, minimum, maximum, estimates in rows:
+    for name, size, start, key, *columns in rows:
         metric = settings.plan(name)
         assert metric is not None, f"batch view holds cells of unknown metric {name}"
-        cells[(name, size, start, tuple(key))] = outputs_of(
-            metric,
-            count,
-            total,
-            float("inf") if minimum is None else minimum,
-            float("-inf") if maximum is None else maximum,
-            estimates,
-        )
+        state = state_of_columns(*columns)
+        rendered = metric.aggregations.render(state, DEFAULT_RENDER)
+        assert rendered is not None, f"an empty stored cell {(name, size, start, key)}"
+        cells[(name, size, start, tuple(key))] = rendered
     return cells

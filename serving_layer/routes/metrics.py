@@ -14,6 +14,7 @@ from serving_layer.params import (
     check_cells,
     key_of,
     metric_of,
+    options_of,
     range_of,
     time_of,
     window_of,
@@ -40,6 +41,14 @@ router = APIRouter(
 
 WindowQ = Annotated[str, Query(description="one of the metric's windows, e.g. 1h")]
 StartQ = Annotated[str, Query(description="RFC 3339 with offset, or epoch milliseconds")]
+QuantilesQ = Annotated[
+    str | None,
+    Query(
+        description="the quantiles a quantiles(<field>) metric renders, each in (0, 1): "
+        "0.5,0.9,0.99 (the default) renders p50, p90, p99; 0.999 renders p99.9",
+        examples=["0.5,0.9,0.99"],
+    ),
+]
 
 
 def _w(watermark: int | None) -> str | None:
@@ -128,10 +137,12 @@ async def series(
     window: WindowQ,
     start: StartQ,
     end: Annotated[str, Query(description="windows starting before this")],
+    q: QuantilesQ = None,
 ) -> JSONResponse:
     metric = metric_of(settings, metric_name)
     window_ms = window_of(metric, window)
     start_ms, end_ms = range_of(start, end)
+    options = options_of(q)
     key = key_of(metric, request.query_params)
     starts = window_starts(start_ms, end_ms, window_ms)
     check_cells(
@@ -139,7 +150,7 @@ async def series(
         len(starts) * (window_ms // metric.base_window_ms),
         "narrow [start, end) or use a larger window",
     )
-    result = await view.series(db, metric, window_ms, starts, key)
+    result = await view.series(db, metric, window_ms, starts, key, options)
     observer.observe_merge("series", result.batch_cells, result.speed_states)
     if result.speed_status == "unavailable":
         observer.speed_unavailable.inc()
@@ -169,13 +180,16 @@ async def top(
     observer: ObserverDep,
     window: WindowQ,
     at: Annotated[str, Query(description="any instant inside the window")],
-    by: Annotated[str, Query(description="one of the metric's aggregations")] = "count",
+    by: Annotated[
+        str, Query(description="one of the outputs a point carries (e.g. count, p99)")
+    ] = "count",
     n: Annotated[int, Query(description="how many keys")] = 10,
+    q: QuantilesQ = None,
 ) -> JSONResponse:
     metric = metric_of(settings, metric_name)
     window_ms = window_of(metric, window)
     at_ms = time_of("at", at)
-    by = by_of(metric, by)
+    ranking = by_of(metric, by, options_of(q))
     if not 1 <= n <= settings.serving.max_top_n:
         raise bad_request(f"n must be between 1 and {settings.serving.max_top_n}")
     check_cells(
@@ -183,7 +197,7 @@ async def top(
     )
     start_ms = window_start(at_ms, window_ms)
     end_ms = start_ms + window_ms
-    result, ranked = await view.top(db, metric, window_ms, start_ms, by)
+    result, ranked = await view.top(db, metric, window_ms, start_ms, ranking)
     observer.observe_merge("top", result.batch_cells, result.speed_states)
     if result.speed_status == "unavailable":
         observer.speed_unavailable.inc()

@@ -8,13 +8,13 @@ from fastapi import APIRouter, Request
 
 from serving_layer.auth import ReaderDep
 from serving_layer.deps import DbDep, SettingsDep
-from serving_layer.merged_view import speed_status as read_speed_status
 from serving_layer.routes.runs import _iso, run_out
 from serving_layer.schemas import MetricWatermark, PartitionLag, StatusResponse, problems
 from serving_layer.timefmt import format_time
 from shared.db.runs import list_runs
 from shared.db.served import read_served
-from shared.speed_store import fence_key
+from shared.speed_view import fence_key
+from shared.speed_view import speed_status as read_speed_status
 
 router = APIRouter(
     prefix="/v1", tags=["status"], dependencies=[ReaderDep], responses=problems(400, 401, 503)

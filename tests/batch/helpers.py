@@ -11,8 +11,9 @@ import psycopg
 from confluent_kafka import Producer
 
 from lambdactl.generator import GeneratorSpec, SampleRecord, generate, produce
-from shared.aggregates import outputs_of
+from shared.aggregations import DEFAULT_RENDER
 from shared.config import Settings
+from shared.db.cells import CELL_COLUMNS, BatchCell
 from shared.db.connect import connect
 from shared.db.runs import RunRecord, RunRequest, get_run, queue_run
 from shared.db.served import ServedView, read_served
@@ -21,8 +22,6 @@ from tests import oracle
 MINUTE = 60_000
 HOUR = 60 * MINUTE
 DAY = 24 * HOUR
-
-RawCell = tuple[int, float, float | None, float | None, tuple[float, ...]]
 
 
 def produce_spec(settings: Settings, spec: GeneratorSpec) -> list[SampleRecord]:
@@ -78,7 +77,7 @@ def run_record(settings: Settings, run_id: int) -> RunRecord:
 
 def read_view(
     conn: psycopg.Connection[Any],
-) -> tuple[ServedView | None, dict[oracle.Cell, RawCell]]:
+) -> tuple[ServedView | None, dict[oracle.Cell, BatchCell]]:
     """The served row and its generation's cells, in one REPEATABLE READ snapshot."""
     conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
     try:
@@ -86,31 +85,27 @@ def read_view(
         if served is None:
             return None, {}
         rows = conn.execute(
-            "SELECT metric, window_ms, start_ms, key, count, sum, min, max, distinct_estimates "
-            "FROM batch_cells WHERE generation = %s",
+            f"SELECT {', '.join(CELL_COLUMNS)} FROM batch_cells WHERE generation = %s",
             [served.generation],
         ).fetchall()
     finally:
         conn.execute("COMMIT")
-    cells = {
-        (m, w, s, tuple(k)): (c, total, lo, hi, tuple(est))
-        for m, w, s, k, c, total, lo, hi, est in rows
-    }
-    return served, cells
+    cells = [BatchCell(*row) for row in rows]
+    return served, {(c.metric, c.window_ms, c.start_ms, tuple(c.key)): c for c in cells}
 
 
-def served_view(settings: Settings) -> tuple[ServedView | None, dict[oracle.Cell, RawCell]]:
+def served_view(settings: Settings) -> tuple[ServedView | None, dict[oracle.Cell, BatchCell]]:
     with connect(settings.postgres.url, autocommit=True) as conn:
         return read_view(conn)
 
 
-def as_points(settings: Settings, cells: dict[oracle.Cell, RawCell]) -> dict[oracle.Cell, Any]:
+def as_points(settings: Settings, cells: dict[oracle.Cell, BatchCell]) -> dict[oracle.Cell, Any]:
     """Raw cells as the API's point fields (what the oracle computes)."""
     out = {}
-    for cell, (count, total, lo, hi, estimates) in cells.items():
-        metric = settings.plan(cell[0])
+    for name, cell in cells.items():
+        metric = settings.plan(name[0])
         assert metric is not None
-        out[cell] = outputs_of(metric, count, total, lo, hi, estimates)
+        out[name] = metric.aggregations.render(cell.state(), DEFAULT_RENDER)
     return out
 
 
@@ -125,21 +120,24 @@ def oracle_mismatches(settings: Settings, config: dict[str, Any]) -> list[str]:
     return oracle.compare(oracle.compute_cells(config, upto), as_points(settings, cells))
 
 
-def same_cells(a: dict[oracle.Cell, RawCell], b: dict[oracle.Cell, RawCell]) -> list[str]:
-    """Cell-for-cell equality: counts, min, max exact; sums to 1e-9; estimates within 1%."""
+def same_cells(a: dict[oracle.Cell, BatchCell], b: dict[oracle.Cell, BatchCell]) -> list[str]:
+    """Cell-for-cell equality: counts, min, max exact; sums to 1e-9; sketch summaries (HLL
+    estimates) within 1%."""
     import math
 
     problems = [f"only in first: {c}" for c in sorted(a.keys() - b.keys())]
     problems += [f"only in second: {c}" for c in sorted(b.keys() - a.keys())]
     for cell in sorted(a.keys() & b.keys()):
-        (c1, s1, lo1, hi1, e1), (c2, s2, lo2, hi2, e2) = a[cell], b[cell]
+        one, two = a[cell], b[cell]
         ok = (
-            c1 == c2
-            and lo1 == lo2
-            and hi1 == hi2
-            and math.isclose(s1, s2, rel_tol=1e-9, abs_tol=1e-9)
+            one.count == two.count
+            and one.min == two.min
+            and one.max == two.max
+            and math.isclose(one.sum, two.sum, rel_tol=1e-9, abs_tol=1e-9)
             and all(
-                math.isclose(x, y, rel_tol=0.01, abs_tol=1) for x, y in zip(e1, e2, strict=True)
+                x == y
+                or (x is not None and y is not None and math.isclose(x, y, rel_tol=0.01, abs_tol=1))
+                for x, y in zip(one.sketch_summaries, two.sketch_summaries, strict=True)
             )
         )
         if not ok:

@@ -4,20 +4,19 @@ breaks; empty arrays; binary sketches; nulls; extreme doubles), and equal slices
 
 from __future__ import annotations
 
-from typing import Any
-
 import pyarrow as pa
 import pytest
 from psycopg import sql
 
-from batch_layer.job import CELL_SCHEMA
 from batch_layer.kafka_source import plan_slices
 from batch_layer.publish import _load_cells
+from batch_layer.run_plan import CELL_SCHEMA
+from shared.db.cells import BatchCell
 from shared.db.connect import connect
 from tests.conftest import Platform
 
-ROWS: list[tuple[Any, ...]] = [
-    (
+ROWS: list[BatchCell] = [
+    BatchCell(
         "m1",
         "v1",
         60_000,
@@ -30,15 +29,15 @@ ROWS: list[tuple[Any, ...]] = [
         [b"\x00\x01\xff", b"", b"\\x41"],
         [1.5, 12.000000000000002],
     ),
-    ("m2", "v2", 3_600_000, -3_600_000, [], 0, 0.0, None, 3.0, [], []),
-    ("m,3", 'v"', 1, 2, ["7"], 9, 5e-324, 2.5, 7.0, [b"abc"], [3.0]),
+    BatchCell("m2", "v2", 3_600_000, -3_600_000, [], 0, 0.0, None, 3.0, [], []),
+    BatchCell("m,3", 'v"', 1, 2, ["7"], 9, 5e-324, 2.5, 7.0, [b"abc", b"kll"], [3.0, None]),
 ]
 
 
 @pytest.mark.services
 def test_arrow_cells_load_like_rows(platform: Platform) -> None:
     table = pa.Table.from_pylist(
-        [dict(zip(CELL_SCHEMA.names, row, strict=True)) for row in ROWS], CELL_SCHEMA
+        [dict(zip(CELL_SCHEMA.names, row.columns(), strict=True)) for row in ROWS], CELL_SCHEMA
     )
     with connect(platform.settings.postgres.url) as conn:
         loaded = {}
@@ -51,9 +50,11 @@ def test_arrow_cells_load_like_rows(platform: Platform) -> None:
             ).fetchall()
         conn.rollback()
     assert loaded["arrow"] == loaded["rows"]
-    assert [row[1:] for row in loaded["rows"]] == sorted(
-        [(*row[:9], [bytes(s) for s in row[9]], row[10]) for row in ROWS]
+    assert [(*row[1:10], [bytes(b) for b in row[10]], row[11]) for row in loaded["rows"]] == sorted(
+        cell.columns() for cell in ROWS
     )
+    (kll,) = [row for row in loaded["arrow"] if row[1] == "m,3"]
+    assert kll[-1] == [3.0, None], "a KLL slot's missing summary loads as NULL"
 
 
 def test_slices_are_equal_parts_of_each_partition() -> None:

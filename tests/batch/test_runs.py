@@ -53,7 +53,7 @@ class Hammer(threading.Thread):
                     time.sleep(0.01)
                     continue
                 total = sum(
-                    c[0] for k, c in cells.items() if k[0] == "views_total" and k[1] == MINUTE
+                    c.count for k, c in cells.items() if k[0] == "views_total" and k[1] == MINUTE
                 )
                 key = repr(sorted(served.snapshot[self.settings.sources[0].topic].items()))
                 key += repr(sorted(served.watermarks.items()))
@@ -180,7 +180,7 @@ def test_range_run_changes_only_its_range(platform: Platform, spark: Any) -> Non
         and same_cells({c: v for c, v in range_cells.items() if lo <= c[2] < hi}, inside) == []
     )
     outside = {c for c in cells if not lo <= c[2] < hi}
-    assert outside and all(range_cells[c][0] == cells[c][0] + 1000 for c in outside)
+    assert outside and all(range_cells[c].count == cells[c].count + 1000 for c in outside)
 
 
 def test_changed_metric_versions_run_full(platform: Platform, spark: Any) -> None:

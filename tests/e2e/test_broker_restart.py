@@ -122,7 +122,7 @@ def test_broker_restart_mid_stream_loses_nothing(
     want = oracle.compute_cells(
         platform.config, records, late_rule=True, watermarks=served.watermarks
     )
-    base = {m.name: m.base_window for m in settings.metrics}
+    base = {m.name: m.base_window_ms for m in settings.plans.values()}
 
     def after_w(cells: dict[oracle.Cell, Any]) -> dict[oracle.Cell, Any]:
         return {

@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 
 from serving_layer import create_app
 from shared.kafka import create_topics
-from shared.speed_store import fence_key
+from shared.speed_view import fence_key
 from tests.conftest import Platform
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(120)]
@@ -58,9 +58,23 @@ CASES = [
     (
         "GET",
         "/v1/metrics/views_by_page/top",
-        {"window": "1h", "at": S, "by": "p99"},
+        {"window": "1h", "at": S, "by": "p75"},
+        400,
+        ["by=", "count", "p99"],
+    ),
+    (
+        "GET",
+        "/v1/metrics/views_by_page/top",
+        {"window": "1h", "at": S, "by": "median"},
         400,
         ["by=", "count"],
+    ),
+    (
+        "GET",
+        SERIES,
+        {"window": "1h", "start": S, "end": E, "page": "/", "q": "0.5,1"},
+        400,
+        ["q=", "between 0 and 1"],
     ),
     ("GET", "/v1/metrics/views_by_page/top", {"window": "1h", "at": S, "n": "0"}, 400, ["n must"]),
     ("GET", "/v1/metrics/views_by_page/top", {"window": "1h", "at": S, "n": "x"}, 400, ["n"]),
@@ -160,7 +174,17 @@ def test_metrics_listing_and_prometheus(client: TestClient) -> None:
     body = client.get("/v1/metrics").json()
     views = next(m for m in body["metrics"] if m["name"] == "views_by_page")
     assert views["key"] == ["page"] and views["windows"] == ["1m", "1h", "1d"]
-    assert views["aggregations"] == ["count", "sum", "min", "max", "avg", "distinct_user_id"]
+    assert views["aggregations"] == [
+        "count",
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "distinct_user_id",
+        "p50",
+        "p90",
+        "p99",
+    ]
     assert views["grace"] == "2m" and len(views["version"]) == 12
     client.get("/v1/metrics/nope/series")
     text = client.get("/metrics").text

@@ -1,16 +1,20 @@
 """Pure properties of the serving merge: cutting a series at W agrees with each point's
-`source` and with `plan_window`, and merging cells' plain columns and sketch bytes equals
-merging the aggregate states."""
+`source` and with `plan_window`, and merging cells as they are stored (batch rows and speed
+blobs) renders the aggregate over the union of their events."""
 
 from __future__ import annotations
+
+import bisect
+import math
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving_layer.merged_view import Cell, merge_cells, parse_state, split_starts
-from shared.aggregates import AggState, merge_all
+from serving_layer.merged_view import render_merge, split_starts
+from shared.aggregations import DEFAULT_RENDER, decode_state, encode_state, fold_inputs
 from shared.config import MetricConfig, SourceConfig
+from shared.db.cells import BatchCell
 from shared.metric_plan import compile_plan
 from shared.windows import plan_window, point_source, window_starts
 
@@ -21,7 +25,7 @@ METRIC = compile_plan(
         source="s",
         key=("k",),
         value="v",
-        aggregations=("count", "sum", "min", "max", "avg", "distinct(u)"),
+        aggregations=("count", "sum", "min", "max", "avg", "distinct(u)", "quantiles(v)"),
         windows=(MINUTE, 60 * MINUTE),
     ),
     SourceConfig(name="s", topic="s", time_field="ts"),
@@ -59,33 +63,37 @@ events = st.lists(
 
 @settings(max_examples=60)
 @given(st.lists(events, min_size=1, max_size=6), st.integers(0, 5))
-def test_merge_cells_equals_merged_states(groups: list[list[tuple[float, str]]], cut: int) -> None:
-    states = []
-    for group in groups:
-        state = AggState.empty(1)
-        for value, user in group:
-            state.add(value, [user])
-        states.append(state)
-    # Some parts come as batch rows (plain columns + sketch bytes), the rest as speed blobs.
-    parts = [
-        Cell(
-            s.count,
-            s.total,
-            s.minimum,
-            s.maximum,
-            [s.sketches[0].serialize_compact()],
-            s.distinct_estimates(),
+def test_rendered_merge_of_stored_forms_equals_the_union_of_events(
+    groups: list[list[tuple[float, str]]], cut: int
+) -> None:
+    """Some parts come as batch rows (plain columns, sketch bytes and summaries), the rest as
+    speed blobs; their rendered merge is the aggregate over all their events."""
+    states = [
+        fold_inputs(
+            METRIC.kinds,
+            None,
+            [v for v, _ in group],
+            [[u for _, u in group], [v for v, _ in group]],
+            len(group),
         )
-        for s in states[:cut]
-    ] + [parse_state(s.to_bytes(), True) for s in states[cut:]]
-    got = merge_cells(METRIC, parts)
-    merged = merge_all(states)
-    if merged is None or merged.count == 0:
+        for group in groups
+    ]
+    row = BatchCell("m", METRIC.version, MINUTE, 0, ["k"], 0, 0.0, None, None, [], [])
+    parts = [row.with_state(s, METRIC.kinds).state() for s in states[:cut]]
+    parts += [decode_state(encode_state(s)) for s in states[cut:]]
+    got = render_merge(METRIC, parts, DEFAULT_RENDER)
+    values = sorted(v for group in groups for v, _ in group)
+    if not values:
         assert got is None
         return
-    want = merged.outputs(METRIC)
     assert got is not None
-    assert got["count"] == want["count"]
-    for name in ("sum", "min", "max", "avg"):
-        assert got[name] == pytest.approx(want[name], rel=1e-9, abs=1e-6)
-    assert got["distinct_u"] == want["distinct_u"]
+    assert got["count"] == len(values)
+    assert got["sum"] == pytest.approx(math.fsum(values), rel=1e-9, abs=1e-6)
+    assert (got["min"], got["max"]) == (values[0], values[-1])
+    assert got["avg"] == pytest.approx(math.fsum(values) / len(values), rel=1e-9, abs=1e-6)
+    users = {u for group in groups for _, u in group}
+    assert got["distinct_u"] == len(users)  # HLL is exact this small
+    assert values[0] <= got["p50"] <= values[-1]
+    rank = bisect.bisect_right(values, got["p50"]) / len(values)
+    assert rank >= 0.5  # at most 180 values: KLL keeps them all, so the quantile is exact
+    assert bisect.bisect_left(values, got["p50"]) / len(values) <= 0.5

@@ -15,6 +15,7 @@ from serving_layer import create_app
 from serving_layer.timefmt import format_time, parse_time
 from shared.db.connect import connect
 from shared.durations import format_duration
+from shared.speed_view import EPOCH_KEY
 from shared.windows import point_source, window_starts
 from tests.conftest import Platform
 from tests.oracle import compare
@@ -49,8 +50,8 @@ def _check_series(
     start: int,
     end: int,
 ) -> None:
-    for metric in platform.settings.metrics:
-        if window_ms not in metric.windows:
+    for metric in platform.settings.plans.values():
+        if window_ms not in metric.windows_ms:
             continue
         params = {
             "window": format_duration(window_ms),
@@ -138,7 +139,7 @@ def test_redis_down_answers_batch_only(platform: Platform) -> None:
 
 def test_rebuilding_when_epoch_missing(platform: Platform, client: TestClient) -> None:
     _load(platform, seed=4, w_offset_min=0)
-    redis.Redis.from_url(platform.settings.redis.url).delete("lp:epoch")
+    redis.Redis.from_url(platform.settings.redis.url).delete(EPOCH_KEY)
     r = client.get(
         "/v1/metrics/views_total/series",
         params={"window": "1m", "start": format_time(T0), "end": format_time(T0 + HOUR)},

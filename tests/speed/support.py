@@ -14,7 +14,7 @@ from typing import Any
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
-from shared.speed_store import REBUILDING_KEY, fence_key
+from shared.speed_view import REBUILDING_KEY, fence_key
 from tests import oracle
 from tests.conftest import Platform, reconfigured
 from tests.views import speed_view_cells
@@ -107,7 +107,7 @@ def wait_until_applied(
 
 def speed_cells(platform: Platform) -> dict[oracle.Cell, dict[str, Any]]:
     """Every base cell in Redis, its partition sub-cells merged, in the oracle's form."""
-    base = {m.name: m.base_window for m in platform.settings.metrics}
+    base = {m.name: m.base_window_ms for m in platform.settings.plans.values()}
     cells = speed_view_cells(platform.settings)
     return {cell: values for cell, values in cells.items() if cell[1] == base[cell[0]]}
 
@@ -117,7 +117,7 @@ def expected_base_cells(
 ) -> tuple[dict[oracle.Cell, dict[str, Any]], oracle.OracleResult]:
     """The oracle's base cells over the non-late events (no batch run: W is None)."""
     result = oracle.compute(platform.config, records, late_rule=True)
-    base = {m.name: m.base_window for m in platform.settings.metrics}
+    base = {m.name: m.base_window_ms for m in platform.settings.plans.values()}
     cells = {c: v for c, v in result.cells.items() if c[1] == base[c[0]]}
     return cells, result
 

@@ -14,6 +14,7 @@ from lambdactl.generator import GeneratorSpec, generate, produce
 from shared.db.connect import connect
 from shared.kafka import create_topics
 from shared.metric_plan import versions_of
+from shared.speed_view.keys import ids_of_key, ids_pattern
 from tests import oracle
 from tests.conftest import Platform
 from tests.speed.support import (
@@ -68,7 +69,6 @@ def test_cells_at_or_before_a_served_w_are_deleted(platform: Platform, tmp_path:
     want, _ = expected_base_cells(platform, records)
     after_w = {c: v for c, v in want.items() if c[2] >= w}
     assert after_w and oracle.compare(after_w, speed_cells(platform)) == []
-    prefix = f"lp:ids:{topic}:"
-    for key in client.scan_iter(match=prefix + "*"):
-        bucket = int(key.decode().rsplit(":", 1)[1])
+    for key in client.scan_iter(match=ids_pattern(topic)):
+        _partition, bucket = ids_of_key(key.decode(), topic)
         assert bucket + MINUTE > w, f"de-dup set {key!r} outlived its cells"

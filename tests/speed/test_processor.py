@@ -1,14 +1,15 @@
 """`SourceProcessor` without Kafka: its per-batch path against the brute-force oracle, for
 any batch split (rules 2 and 4 decided per event in offset order, whatever the batch).
 
-The records go straight to the processor, which applies them through the real `SpeedStore`
-on the test Redis database, so every split of the records, down to one record a batch,
-exercises de-duplication against ids applied by earlier batches and merges with stored
-states."""
+The records go straight to the processor, which applies them through the real
+`SpeedViewWriter` on the test Redis database, so every split of the records, down to one
+record a batch, exercises de-duplication against ids applied by earlier batches and merges
+with stored states: this keeps `decide` (tested without Redis in `test_decide`) honest on the
+real store."""
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from typing import Any
 
 import orjson
@@ -16,20 +17,19 @@ import pytest
 import redis
 
 from lambdactl.generator import GeneratorSpec, generate
-from shared.aggregates import AggState, merge_all
 from shared.config import Settings
-from shared.speed_store import (
+from shared.speed_view import (
     APPLIED,
     EPOCH_KEY,
     FENCE_MOVED,
-    SpeedStore,
-    decode_key,
+    SpeedViewWriter,
     fence_key,
 )
-from shared.windows import window_start
+from shared.speed_view.keys import cell_pattern
 from speed_layer.processor import RawRecord, SourceProcessor
 from tests import oracle
 from tests.conftest import TEST_REDIS_DB, platform_config
+from tests.views import speed_view_cells
 
 MINUTE = 60_000
 T0 = 1_704_067_200_000
@@ -93,30 +93,12 @@ def _values() -> list[bytes]:
     return values
 
 
-def _stored_cells(client: redis.Redis) -> dict[str, dict[bytes, bytes]]:
-    return {name.decode(): client.hgetall(name) for name in client.scan_iter("lp:cell:*")}
-
-
-def _cells(settings: Settings, client: redis.Redis) -> dict[oracle.Cell, dict[str, Any]]:
-    """The store's sub-cells rolled up to every window, in the oracle's shape."""
-    cells: dict[oracle.Cell, dict[str, Any]] = {}
-    stored = _stored_cells(client)
-    for metric in settings.plans.values():
-        prefix = f"lp:cell:{metric.name}:{metric.version}:"
-        states: dict[tuple[int, int, tuple[str, ...]], list[AggState]] = defaultdict(list)
-        for name, fields in stored.items():
-            if not name.startswith(prefix):
-                continue
-            start = int(name[len(prefix) :].split(":")[0])
-            for encoded, blob in fields.items():
-                for size in metric.windows_ms:
-                    key = (size, window_start(start, size), decode_key(encoded))
-                    states[key].append(AggState.from_bytes(blob))
-        for (size, start, key), parts in states.items():
-            merged = merge_all(parts)
-            assert merged is not None
-            cells[(metric.name, size, start, key)] = merged.outputs(metric)
-    return cells
+def _stored_cells(client: redis.Redis, settings: Settings) -> dict[str, dict[bytes, bytes]]:
+    return {
+        name.decode(): client.hgetall(name)
+        for m in settings.plans.values()
+        for name in client.scan_iter(cell_pattern(m.name, m.version))
+    }
 
 
 @pytest.mark.parametrize("batch_size", [1, 7, 500, 5_000])
@@ -131,7 +113,7 @@ def test_any_batch_split_matches_the_oracle(
     records = [RawRecord(i, create_time, v) for i, v in enumerate(_values())]
     watermarks = {m.name: watermark for m in settings.metrics}
 
-    store = SpeedStore(client, 86_400)
+    store = SpeedViewWriter(client, 86_400)
     processor = SourceProcessor(settings, source, store, lambda *_: None)  # type: ignore[arg-type]
     dead: Counter[str] = Counter()
     late: Counter[str] = Counter()
@@ -158,7 +140,7 @@ def test_any_batch_split_matches_the_oracle(
         late_rule=True,
         watermarks={k: v for k, v in watermarks.items() if v is not None},
     )
-    assert oracle.compare(expected.cells, _cells(settings, client)) == []
+    assert oracle.compare(expected.cells, speed_view_cells(settings, client)) == []
     assert sum(dead.values()) == sum(expected.malformed.values())
     assert duplicates == expected.duplicates
     assert {k: v for k, v in late.items() if v} == {k: v for k, v in expected.late.items() if v}
@@ -170,7 +152,7 @@ def test_any_batch_split_matches_the_oracle(
 
 def test_a_fence_moved_by_another_worker_discards_the_batch(client: redis.Redis) -> None:
     settings = Settings(**_config())
-    store = SpeedStore(client, 86_400)
+    store = SpeedViewWriter(client, 86_400)
     processor = SourceProcessor(
         settings,
         settings.sources[0],
@@ -181,8 +163,8 @@ def test_a_fence_moved_by_another_worker_discards_the_batch(client: redis.Redis)
     first = [RawRecord(i, T0 + 60 * MINUTE, v) for i, v in enumerate(values[:50])]
     assert processor.process("epoch", 0, first, {}).status == APPLIED
     client.hset(fence_key(settings.sources[0].topic, 0), "offset", 70)  # another worker
-    cells_before = _stored_cells(client)
+    cells_before = _stored_cells(client, settings)
     rest = [RawRecord(i, T0 + 60 * MINUTE, v) for i, v in enumerate(values[50:], 50)]
     assert processor.process("epoch", 0, rest, {}).status == FENCE_MOVED
-    assert _stored_cells(client) == cells_before
+    assert _stored_cells(client, settings) == cells_before
     assert processor.known_fence(0) is None

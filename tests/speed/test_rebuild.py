@@ -13,7 +13,7 @@ import yaml
 from lambdactl.generator import GeneratorSpec, generate, produce
 from shared.config import Settings
 from shared.kafka import create_topics
-from shared.speed_store import REBUILDING_KEY
+from shared.speed_view import EPOCH_KEY, REBUILDING_KEY
 from tests import oracle
 from tests.conftest import Platform
 from tests.speed.support import (
@@ -58,7 +58,7 @@ def test_flushdb_mid_stream_rebuilds(platform: Platform, tmp_path: Path) -> None
     records = oracle.read_topic(bootstrap, topic)
     want, _ = expected_base_cells(platform, records)
     assert oracle.compare(want, speed_cells(platform)) == []
-    assert client.get("lp:epoch") is not None
+    assert client.get(EPOCH_KEY) is not None
 
 
 def test_changed_metric_definitions_rebuild_the_partitions(

@@ -88,7 +88,6 @@ def test_design_example_loads_from_a_dict() -> None:
     assert metric.value == "latency_ms"
     assert metric.windows == (MIN, HOUR, DAY)
     assert metric.grace == 2 * MIN
-    assert metric.base_window == MIN
     assert settings.batch.schedule == "hourly"
 
 
@@ -123,13 +122,13 @@ def test_without_any_file_the_defaults_apply() -> None:
     assert settings.serving.max_cells == 50_000
 
 
-def test_metrics_of_a_source() -> None:
+def test_plans_of_a_source() -> None:
     config = example()
     config["sources"].append({"name": "clicks", "topic": "clicks", "time_field": "t"})
     config["metrics"].append({"name": "clicks_total", "source": "clicks", "windows": ["1m"]})
     settings = Settings(**config)
-    assert [m.name for m in settings.metrics_of(settings.source("pageviews"))] == ["views_by_page"]
-    assert [m.name for m in settings.metrics_of(settings.source("clicks"))] == ["clicks_total"]
+    assert [m.name for m in settings.plans_of(settings.source("pageviews"))] == ["views_by_page"]
+    assert [m.name for m in settings.plans_of(settings.source("clicks"))] == ["clicks_total"]
 
 
 # --------------------------------------------------------------------------- env overrides
@@ -327,16 +326,8 @@ def metric(**changes: Any) -> MetricConfig:
     return MetricConfig(**base)
 
 
-def test_windows_are_sorted_and_the_smallest_is_the_base() -> None:
-    m = metric()
-    assert m.windows == (5 * MIN, HOUR, DAY)
-    assert m.base_window == 5 * MIN
-
-
-def test_distinct_fields_and_output_names_keep_the_configured_order() -> None:
-    m = metric()
-    assert m.distinct_fields == ("user", "session")
-    assert m.output_names == ("max", "distinct_user", "count", "distinct_session", "avg")
+def test_windows_are_sorted() -> None:
+    assert metric().windows == (5 * MIN, HOUR, DAY)
 
 
 def test_defaults_of_a_metric() -> None:
@@ -344,8 +335,6 @@ def test_defaults_of_a_metric() -> None:
     assert m.key == ()
     assert m.aggregations == ("count",)
     assert m.grace == 0
-    assert m.distinct_fields == ()
-    assert m.output_names == ("count",)
 
 
 # --------------------------------------------------------------------------- versions

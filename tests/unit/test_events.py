@@ -521,5 +521,5 @@ def test_parse_record_never_raises_on_json_objects(fields: dict[str, Any], creat
     assert isinstance(outcome, MetricInput | Skipped)
     if isinstance(outcome, MetricInput):
         assert outcome.key == (canonical(fields["page"]), canonical(fields["country"]))
-        assert outcome.distincts == (canonical(fields["user"]),)
+        assert outcome.sketch_items == (canonical(fields["user"]),)
         assert outcome.value == float(fields["lat"])

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.lateness import batch_watermark, id_bucket_closed, is_late
+from shared.lateness import batch_watermark, id_bucket_closed, is_late, latest_late_start
 
 MIN = 60_000
 GRACE = 2 * MIN
@@ -171,3 +171,19 @@ def test_a_closed_id_bucket_has_no_event_that_is_not_late(
             for base in bases:
                 cell_end = t - t % base + base
                 assert is_late(cell_end, grace, stream_time, None)
+
+
+@given(
+    base=st.sampled_from([1_000, 60_000, 300_000]),
+    grace=st.integers(0, 600_000),
+    start_cells=st.integers(-1_000, 1_000),
+    stream_time=st.one_of(st.none(), st.integers(-(10**9), 10**9)),
+    watermark_cells=st.one_of(st.none(), st.integers(-1_000, 1_000)),
+)
+def test_latest_late_start_bounds_exactly_the_late_cells(
+    base: int, grace: int, start_cells: int, stream_time: int | None, watermark_cells: int | None
+) -> None:
+    start = start_cells * base
+    watermark = None if watermark_cells is None else watermark_cells * base
+    late = is_late(start + base, grace, stream_time, watermark)
+    assert late == (start <= latest_late_start(base, grace, stream_time, watermark))

@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
+from shared.aggregations import HLL
 from shared.config import MetricConfig, Settings, SourceConfig
 from shared.metric_plan import (
     MetricPlan,
+    SketchInput,
     compile_plan,
     compile_plans,
     versions_digest,
@@ -90,9 +92,20 @@ def test_the_plan_holds_the_compiled_definition() -> None:
     assert plan.config.name == "views_by_page"
     assert plan.key == ("page",)
     assert plan.value == "latency_ms"
-    assert plan.aggregations == ("count", "sum", "min", "max", "avg", "distinct(user_id)")
-    assert plan.distinct_fields == ("user_id",)
+    assert [a.spec for a in plan.aggregations.aggregations] == [
+        "count",
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "distinct(user_id)",
+    ]
+    assert plan.kinds == (HLL,)
+    assert plan.sketch_inputs == (
+        SketchInput("user_id", False, "distinct_missing", "distinct_invalid"),
+    )
     assert plan.output_names == ("count", "sum", "min", "max", "avg", "distinct_user_id")
+    assert (plan.text_fields, plan.number_fields) == (("page", "user_id"), ("latency_ms",))
     assert plan.base_window_ms == MIN
     assert plan.grace_ms == 2 * MIN
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,12 +14,17 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.oracle import (
+    KLL_RANK_EPS,
+    ExactQuantile,
     Record,
     batch_watermark,
     compare,
     compute,
     compute_cells,
+    exact_quantile,
     parse_rfc3339_ms,
+    quantile_name,
+    rank_bounds,
     window_start,
 )
 
@@ -368,3 +375,180 @@ def test_compare() -> None:
     assert any("sum expected 0.3, got 0.31" in line for line in lines)
     assert any("distinct_u expected 1000, got 1052" in line for line in lines)
     assert compare({a: {"count": 1}}, {a: {}}) == [f"cell {a}: field count missing (expected 1)"]
+
+
+QCONFIG: dict[str, Any] = {
+    "sources": [{"name": "q", "topic": "q", "time_field": "ts", "partitions": 1}],
+    "metrics": [
+        {
+            "name": "lat_q",
+            "source": "q",
+            "key": ["page"],
+            "aggregations": ["count", "quantiles( lat )"],
+            "windows": ["1m", "1h"],
+        },
+        {
+            "name": "with_value",
+            "source": "q",
+            "key": [],
+            "value": "v",
+            "aggregations": ["count", "sum", "distinct(u)", "quantiles(lat)"],
+            "windows": ["1m"],
+        },
+    ],
+}
+
+
+def q_event(ts: int, lat: Any, page: str = "home", v: Any = 1, u: Any = "a") -> dict[str, Any]:
+    return {"ts": ts, "page": page, "lat": lat, "v": v, "u": u}
+
+
+def test_exact_quantiles_are_inclusive_lower_quantiles() -> None:
+    lats = [5, 1, 4, 2, 3, 10, 9, 8, 7, 6]
+    recs = records("q", *(q_event(T0 + i, lat) for i, lat in enumerate(lats)))
+    recs += records(
+        "q",
+        q_event(T0 + MIN, 2, page="dup"),
+        q_event(T0 + MIN, 7.5, page="dup"),
+        q_event(T0 + MIN + 1, 2, page="dup"),
+        q_event(T0 + MIN + 2, 2.0, page="dup"),
+        q_event(T0 + 2 * MIN, -1.5, page="neg"),
+        q_event(T0 + 2 * MIN, 3, page="neg"),
+        q_event(T0 + 2 * MIN, 0.25, page="neg"),
+        first_offset=100,
+    )
+    cells = compute_cells(QCONFIG, recs)
+    # n=10, values 1..10: p50 = ordered[ceil(5)-1], p90 = [ceil(9)-1], p99 = [ceil(9.9)-1]
+    assert cells[("lat_q", MIN, T0, ("home",))] == {"count": 10, "p50": 5, "p90": 9, "p99": 10}
+    # n=4, values 2, 2, 2, 7.5: #{<= 2} = 3 >= 0.5*4 but < 0.9*4
+    assert cells[("lat_q", MIN, T0 + MIN, ("dup",))] == {
+        "count": 4,
+        "p50": 2,
+        "p90": 7.5,
+        "p99": 7.5,
+    }
+    assert cells[("lat_q", MIN, T0 + 2 * MIN, ("neg",))] == {
+        "count": 3,
+        "p50": 0.25,
+        "p90": 3,
+        "p99": 3,
+    }
+    # a larger window holds the same values: its own exact list, not a merge of quantiles
+    hour = cells[("lat_q", HOUR, T0, ("home",))]
+    assert hour == {"count": 10, "p50": 5, "p90": 9, "p99": 10}
+    p50 = hour["p50"]
+    assert isinstance(p50, ExactQuantile)
+    assert p50.values == tuple(float(x) for x in range(1, 11))
+    assert str(p50.q) == "0.5"
+    assert cells[("with_value", MIN, T0, ())] == {
+        "count": 10,
+        "sum": 10.0,
+        "distinct_u": 1,
+        "p50": 5,
+        "p90": 9,
+        "p99": 10,
+    }
+
+
+def test_quantile_fractions_names_and_exact_arithmetic() -> None:
+    assert [quantile_name(q) for q in ("0.5", 0.9, 0.99, 0.999, "0.25", "0.50")] == [
+        "p50",
+        "p90",
+        "p99",
+        "p99.9",
+        "p25",
+        "p50",
+    ]
+    hundred = [float(i) for i in range(1, 101)]
+    # 0.07 * 100 is 7.000000000000001 in floats; q n is taken exactly: the 7th value
+    assert exact_quantile(hundred, 0.07) == 7.0
+    assert exact_quantile(hundred, "0.071") == 8.0
+    assert exact_quantile([3.0], "0.001") == 3.0
+    recs = records("q", *(q_event(T0, lat) for lat in range(1, 1001)))
+    cells = compute_cells(QCONFIG, recs, quantiles=("0.25", 0.999))
+    assert cells[("lat_q", MIN, T0, ("home",))] == {"count": 1000, "p25": 250, "p99.9": 999}
+    for bad in (0, 1, "1.5", "x", float("nan")):
+        with pytest.raises(ValueError):
+            compute(QCONFIG, recs, quantiles=(bad,))
+    twice = {
+        **QCONFIG,
+        "metrics": [{**QCONFIG["metrics"][1], "aggregations": ["quantiles(a)", "quantiles(b)"]}],
+    }
+    with pytest.raises(ValueError, match="at most one quantiles"):
+        compute(twice, recs)
+
+
+def test_invalid_quantile_fields_skip_the_event_for_that_metric() -> None:
+    skipped = [
+        q_event(T0, True),
+        q_event(T0, False),
+        q_event(T0, "3"),
+        q_event(T0, None),
+        q_event(T0, [1]),
+        q_event(T0, {"x": 1}),
+        q_event(T0, 10**400),  # an integer too large for a double
+        {"ts": T0, "page": "home", "v": 1, "u": "a"},  # missing
+    ]
+    infinite = b'{"ts": %d, "page": "home", "lat": 1e999, "v": 1, "u": "a"}' % T0
+    nan = b'{"ts": %d, "page": "home", "lat": NaN, "v": 1, "u": "a"}' % T0  # not JSON
+    valid = [q_event(T0, 3), q_event(T0, 2.5), q_event(T0, -(2**60))]
+    value_bad = [q_event(T0, 1, v=True), q_event(T0, 1, u=1.5)]  # only with_value skips these
+    recs = records("q", *skipped, infinite, nan, *valid, *value_bad)
+    result = compute(QCONFIG, recs)
+    assert result.malformed == {"not_json_object": 1}
+    assert result.skipped == {"lat_q": 9, "with_value": 11}
+    cell = result.cells[("lat_q", MIN, T0, ("home",))]
+    assert cell["count"] == 5
+    p50 = cell["p50"]
+    assert isinstance(p50, ExactQuantile)
+    assert p50.values == (-(2.0**60), 1.0, 1.0, 2.5, 3.0)
+    assert result.cells[("with_value", MIN, T0, ())]["count"] == 3
+    assert result.cells[("with_value", MIN, T0, ())]["p50"] == 2.5
+
+
+def test_quantile_rank_bounds() -> None:
+    ordered = [1.0, 2.0, 2.0, 2.0, 5.0]
+    assert rank_bounds(ordered, 2.0) == (0.2, 0.8)
+    assert rank_bounds(ordered, 3.0) == (0.8, 0.8)
+    assert rank_bounds(ordered, 0.0) == (0.0, 0.0)
+    assert rank_bounds(ordered, 5.0) == (0.8, 1.0)
+    assert KLL_RANK_EPS == 0.0133
+
+
+def test_compare_judges_quantiles_by_rank() -> None:
+    a = ("m", MIN, T0, ())
+    thousand = [float(i) for i in range(1000, 0, -1)]
+    p50 = ExactQuantile("0.5", thousand)
+    assert p50 == 500.0
+    expected: dict[Any, dict[str, Any]] = {a: {"count": 1000, "p50": p50}}
+    # rank_lo(513) = 0.512, 0.512 - 0.0133 <= 0.5; rank_hi(487) = 0.487, + 0.0133 >= 0.5
+    for ok in (500, 500.0, 510, 513, 487, 500.5):
+        assert compare(expected, {a: {"count": 1000, "p50": ok}}) == [], ok
+    for bad in (515, 486, 1e6, -1, None, "500", True, float("inf"), float("nan"), 10**400):
+        lines = compare(expected, {a: {"count": 1000, "p50": bad}})
+        assert len(lines) == 1 and "p50 expected 500.0" in lines[0], (bad, lines)
+    assert "q=0.5" in compare(expected, {a: {"count": 1000, "p50": 515}})[0]
+    # with no error allowed, both 500 (inclusive rank 0.5) and 501 (exclusive rank 0.5) fit
+    for v, fits in ((499, False), (500, True), (501, True), (502, False)):
+        assert (compare(expected, {a: {"count": 1000, "p50": v}}, rank_eps=0) == []) is fits, v
+    assert compare(expected, {a: {"count": 1000, "p50": 502}}, rank_eps=0.002) == []
+    assert compare(expected, {a: {"count": 1000, "p50": 504}}, rank_eps=0.002) != []
+    # ties: 600 zeros then 400 ones; a value's rank spans [rank_lo, rank_hi]
+    ties = [0.0] * 600 + [1.0] * 400
+    expected = {a: {"p50": ExactQuantile(0.5, ties), "p99": ExactQuantile(0.99, ties)}}
+    assert compare(expected, {a: {"p50": 0, "p99": 1}}) == []
+    assert len(compare(expected, {a: {"p50": 1, "p99": 0}})) == 2
+    # other outputs of the cell compare as before; a plain float p50 compares by value
+    assert compare({a: {"count": 3, "p50": 2.0}}, {a: {"count": 3, "p50": 2.0000001}}) != []
+    assert compare({a: {"count": 3, "p50": p50}}, {a: {"count": 4, "p50": 500}}) == [
+        f"cell {a}: count expected 3, got 4"
+    ]
+    assert compare({a: {"p50": p50}}, {a: {}}) == [f"cell {a}: field p50 missing (expected 500.0)"]
+
+
+def test_exact_quantiles_survive_copies() -> None:
+    p90 = ExactQuantile(0.9, [3.0, 1.0, 2.0])
+    for twin in (copy.deepcopy(p90), pickle.loads(pickle.dumps(p90))):
+        assert isinstance(twin, ExactQuantile)
+        assert twin == 3.0 and twin.values == (1.0, 2.0, 3.0) and twin.q == p90.q
+    assert json.dumps({"p90": p90}) == '{"p90": 3.0}'

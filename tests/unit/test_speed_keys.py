@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.speed_store import cell_key, cell_key_prefix
+from shared.speed_view.keys import cell_key, cell_key_prefix
 
 names = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20)
 

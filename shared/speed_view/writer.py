@@ -1,94 +1,28 @@
-"""The speed view in Redis: key scheme, the atomic fenced apply, and reads.
-
-Key scheme (every key carries a TTL of `speed.ttl_days` as a backstop only):
-- `lp:epoch` — a random marker; its absence means Redis lost its data (rule 9).
-- `lp:fence:<topic>:<partition>` — hash {offset, stream_time, defs}: the last applied offset,
-  the partition's stream time (rule 3) and a digest of the metric versions its cells hold.
-- `lp:cell:<metric>:<version>:<start_ms>:<partition>` — hash {key JSON -> AggState bytes}: one
-  base cell's states for one source partition, written only by that partition's owner.
-- `lp:ids:<topic>:<partition>:<bucket_start>` — set of event ids seen in that event-time bucket
-  (de-duplication, rule 4), dropped once the bucket is late for every metric of the source.
-- `lp:rebuilding` — set of `<topic>:<partition>` being rebuilt after a data loss; the API
-  reports `speed_status: "rebuilding"` while it is not empty.
-- `lp:rebuild_until` — hash `<topic>:<partition>` -> the offset a rebuild must reach before
-  that member leaves `lp:rebuilding` (so whichever worker owns the partition can finish it).
-"""
+"""The speed layer's writer of the speed view (rule 3): fences, the fenced atomic apply, de-dup
+ids, rebuild marks and the scans cleanup uses. Key names come from `keys`; states are the
+aggregation registry's bytes."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-import orjson
 import redis
 
-EPOCH_KEY = "lp:epoch"
-REBUILDING_KEY = "lp:rebuilding"
-REBUILD_UNTIL_KEY = "lp:rebuild_until"
+from shared.speed_view.keys import (
+    EPOCH_KEY,
+    REBUILD_UNTIL_KEY,
+    REBUILDING_KEY,
+    cell_of_key,
+    cell_pattern,
+    fence_key,
+    ids_of_key,
+    ids_pattern,
+)
 
 APPLIED, FENCE_MOVED, EPOCH_LOST = 1, 0, -1
-
-# Compare-and-set on the fence and the epoch, then every write of the batch, in one call.
-_APPLY_LUA = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-local current = redis.call('HGET', KEYS[2], 'offset')
-if (current or '') ~= ARGV[2] then return 0 end
-local ttl = tonumber(ARGV[5])
-redis.call('HSET', KEYS[2], 'offset', ARGV[3], 'defs', ARGV[8])
-if ARGV[4] == '' then
-  redis.call('HDEL', KEYS[2], 'stream_time')
-else
-  redis.call('HSET', KEYS[2], 'stream_time', ARGV[4])
-end
-redis.call('EXPIRE', KEYS[2], ttl)
-local n_hashes, n_sets = tonumber(ARGV[6]), tonumber(ARGV[7])
-local arg = 9
-local function write(command, key, first, last)
-  local chunk = 2000
-  for i = first, last, chunk do
-    redis.call(command, key, unpack(ARGV, i, math.min(i + chunk - 1, last)))
-  end
-  redis.call('EXPIRE', key, ttl)
-end
-for k = 3, 2 + n_hashes do
-  local n = tonumber(ARGV[arg])
-  if n > 0 then write('HSET', KEYS[k], arg + 1, arg + 2 * n) end
-  arg = arg + 1 + 2 * n
-end
-for k = 3 + n_hashes, 2 + n_hashes + n_sets do
-  local n = tonumber(ARGV[arg])
-  if n > 0 then write('SADD', KEYS[k], arg + 1, arg + n) end
-  arg = arg + 1 + n
-end
-return 1
-"""
-
-
-def fence_key(topic: str, partition: int) -> str:
-    return f"lp:fence:{topic}:{partition}"
-
-
-def cell_key(metric: str, version: str, start_ms: int, partition: int) -> str:
-    return f"lp:cell:{metric}:{version}:{start_ms}:{partition}"
-
-
-def cell_key_prefix(metric: str, version: str) -> str:
-    """`cell_key` up to `<start_ms>:<partition>`: readers that build the names inside a Lua
-    script send this once instead of one name per sub-cell."""
-    return f"lp:cell:{metric}:{version}:"
-
-
-def ids_key(topic: str, partition: int, bucket_ms: int) -> str:
-    return f"lp:ids:{topic}:{partition}:{bucket_ms}"
-
-
-def encode_key(key: Sequence[str]) -> bytes:
-    return orjson.dumps(list(key))
-
-
-def decode_key(data: bytes) -> tuple[str, ...]:
-    return tuple(orjson.loads(data))
 
 
 @dataclass(frozen=True)
@@ -118,13 +52,15 @@ def ensure_epoch(client: redis.Redis, candidate: str) -> str:
     return current.decode() if isinstance(current, bytes) else str(current)
 
 
-class SpeedStore:
-    """The fenced, atomic apply of one partition's batch (rule 3)."""
+class SpeedViewWriter:
+    """The speed layer's side of the view: the fenced, atomic apply of one partition's batch
+    (rule 3), the reads a batch needs first (fence, stored states, known ids), rebuild marks
+    (rule 9) and the scans cleanup uses."""
 
     def __init__(self, client: redis.Redis, ttl_seconds: int) -> None:
         self._client = client
         self._ttl = ttl_seconds
-        self._apply = client.register_script(_APPLY_LUA)
+        self._apply = client.register_script(_script("apply.lua"))
 
     def apply(
         self,
@@ -183,6 +119,13 @@ class SpeedStore:
             for name, reply in zip(names, pipe.execute(), strict=True)
         }
 
+    def epoch(self) -> str | None:
+        """The current epoch marker (None: Redis lost the view)."""
+        current = self._client.get(EPOCH_KEY)
+        if current is None:
+            return None
+        return current.decode() if isinstance(current, bytes) else str(current)
+
     def start_rebuild(self, members: Mapping[str, int]) -> None:
         """Mark `<topic>:<partition>` members as rebuilding until their fence reaches the
         offset given (kept in `lp:rebuild_until` so a new owner can finish the job)."""
@@ -206,14 +149,39 @@ class SpeedStore:
         pipe.hdel(REBUILD_UNTIL_KEY, member)
         pipe.execute()
 
-    def scan_keys(self, pattern: str) -> list[str]:
+    def partition_keys(
+        self, topic: str, partition: int, versions: Sequence[tuple[str, str]]
+    ) -> list[str]:
+        """Every key a partition's state lives in: its fence, de-dup id sets and the sub-cells
+        of the given (metric, version)s (what a rebuild under new definitions drops)."""
+        keys = [fence_key(topic, partition), *self._scan(ids_pattern(topic, partition))]
+        for metric, version in versions:
+            keys += self._scan(cell_pattern(metric, version, partition))
+        return keys
+
+    def sub_cells(self, metric: str, version: str) -> list[tuple[str, int, int]]:
+        """(key, start_ms, partition) of every sub-cell of a metric version."""
         return [
-            k.decode() if isinstance(k, bytes) else str(k)
-            for k in self._client.scan_iter(match=pattern, count=1000)
+            (k, *cell_of_key(k, metric, version)) for k in self._scan(cell_pattern(metric, version))
         ]
+
+    def id_sets(self, topic: str) -> list[tuple[str, int, int]]:
+        """(key, partition, bucket_ms) of every de-dup id set of a source topic."""
+        return [(k, *ids_of_key(k, topic)) for k in self._scan(ids_pattern(topic))]
 
     def delete_keys(self, keys: Sequence[str]) -> int:
         deleted = 0
         for i in range(0, len(keys), 500):
             deleted += int(self._client.unlink(*keys[i : i + 500]))
         return deleted
+
+    def _scan(self, pattern: str) -> list[str]:
+        return [
+            k.decode() if isinstance(k, bytes) else str(k)
+            for k in self._client.scan_iter(match=pattern, count=1000)
+        ]
+
+
+def _script(name: str) -> str:
+    """A Lua script kept beside this module."""
+    return (Path(__file__).parent / name).read_text()

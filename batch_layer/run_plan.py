@@ -1,0 +1,359 @@
+"""One plan per run mode (rule 7): where each partition is read from, how W moves, which ids
+count as seen, and how the run publishes (rule 6). `plan_run` picks the plan; `job` runs any
+plan the same way.
+
+- `FullRun`: every offset from 0 up to a fresh snapshot; loads and flips a new generation
+  (`FullGeneration`, which loads the ids while Spark still works).
+- `IncrementalRun`: from the served snapshot up to a fresh one; new ids are checked against
+  the id table, the new events' cell states are merged into the served generation's cells and
+  W advances. The new `rebuild_from` comes from the new events and the served rebuild index
+  (a served row without one re-reads each partition from its `rebuild_from` once).
+- `RangeRun`: `[start, end)` widened to the largest configured window's boundaries, read up to
+  the served snapshot; only the cells in that range are replaced; W never moves.
+
+An incremental or range run whose served cells were computed with other metric versions (or
+with no served view at all) executes as `full`."""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
+from psycopg import sql
+
+from batch_layer.aggregate import IdLookup, SourceResult
+from batch_layer.errors import LogRewoundError
+from batch_layer.publish import (
+    FullGeneration,
+    Publication,
+    copy_csv,
+    drop_old_generations,
+    publish_incremental,
+    publish_range,
+)
+from batch_layer.snapshot import Snapshot, take_snapshot
+from shared.config import RunMode, Settings, SourceConfig
+from shared.db.cells import BatchCell
+from shared.db.connect import connect
+from shared.db.runs import RunRecord
+from shared.db.served import ServedView, read_served
+from shared.lateness import batch_watermark
+from shared.metric_plan import MetricPlan, versions_of
+from shared.windows import window_start
+
+log = logging.getLogger(__name__)
+
+Results = list[tuple[SourceConfig, SourceResult]]
+
+
+@dataclass(frozen=True)
+class SourceRead:
+    """Where a run reads one source from."""
+
+    starts: dict[int, int] = field(default_factory=dict)
+    """partition -> first offset read (0 when absent)."""
+    fresh_from: dict[int, int] | None = None
+    """partition -> first offset no earlier run read (rows before it are read only to find
+    `rebuild_from`); None: every row read is new."""
+    previous_index: dict[int, list[list[int]]] | None = None
+    """The served rebuild index the next one is built from (incremental runs)."""
+
+
+@dataclass
+class RunPlan(ABC):
+    """What one run of a mode reads and how it publishes."""
+
+    mode: ClassVar[RunMode]
+    snapshot: Snapshot
+    """The offsets the run reads up to."""
+    served: ServedView | None
+    """The served row when the run was planned."""
+    time_range: tuple[int, int] | None = None
+    """Only events in `[start, end)` are aggregated (range runs)."""
+
+    def source_read(self, source: SourceConfig) -> SourceRead:
+        return SourceRead()
+
+    def watermark(self, metric: MetricPlan, stream_times: Iterable[int]) -> int | None:
+        """W of `metric` after the run, from the partitions' stream times (rule 5)."""
+        return batch_watermark(
+            self._served_watermark(metric), stream_times, metric.grace_ms, metric.base_window_ms
+        )
+
+    def seen_ids(self, settings: Settings, source: SourceConfig) -> IdLookup | None:
+        """How the run finds ids an earlier run counted (None: none did)."""
+        return None
+
+    @contextmanager
+    def publishing(self, conn: psycopg.Connection[Any], settings: Settings) -> Iterator[None]:
+        """Held while the run reads and publishes (a full run's publishing transaction)."""
+        yield
+
+    def ids_sink(self, source: SourceConfig, *, last: bool) -> Callable[[pa.Table], None] | None:
+        """Receives a source's new ids as soon as they are known (None: at publication)."""
+        return None
+
+    @abstractmethod
+    def publish(
+        self,
+        conn: psycopg.Connection[Any],
+        settings: Settings,
+        results: Results,
+        publication: Publication,
+    ) -> tuple[int, int]:
+        """Publish the run's cells (and ids) with `publication`: (generation, cells written)."""
+
+    def _served_watermark(self, metric: MetricPlan) -> int | None:
+        return None if self.served is None else self.served.watermark(metric.name, metric.version)
+
+
+@dataclass
+class FullRun(RunPlan):
+    mode: ClassVar[RunMode] = "full"
+    _generation: FullGeneration | None = None
+
+    @contextmanager
+    def publishing(self, conn: psycopg.Connection[Any], settings: Settings) -> Iterator[None]:
+        with FullGeneration(conn, [s.name for s in settings.sources]) as generation:
+            self._generation = generation
+            yield
+        drop_old_generations(conn)
+
+    def ids_sink(self, source: SourceConfig, *, last: bool) -> Callable[[pa.Table], None] | None:
+        generation = self._generation
+        assert generation is not None, "ids are loaded inside `publishing`"
+        return lambda ids: generation.add_ids(_source_ids(source, ids), last=last)
+
+    def publish(
+        self,
+        conn: psycopg.Connection[Any],
+        settings: Settings,
+        results: Results,
+        publication: Publication,
+    ) -> tuple[int, int]:
+        assert self._generation is not None, "a full run publishes inside `publishing`"
+        return self._generation.publish(_cell_table(settings, results), publication)
+
+
+@dataclass
+class IncrementalRun(RunPlan):
+    mode: ClassVar[RunMode] = "incremental"
+
+    def source_read(self, source: SourceConfig) -> SourceRead:
+        served = self._served()
+        fresh_from = {int(p): o for p, o in served.snapshot.get(source.topic, {}).items()}
+        index = served.rebuild_index.get(source.topic)
+        if index is None:  # published before the index existed: find the events after W again
+            rebuild = {int(p): o for p, o in served.rebuild_from.get(source.topic, {}).items()}
+            starts = {p: min(o, rebuild.get(p, o)) for p, o in fresh_from.items()}
+            return SourceRead(starts, fresh_from)
+        previous = {int(p): pairs for p, pairs in index.items()}
+        return SourceRead(dict(fresh_from), fresh_from, previous)
+
+    def seen_ids(self, settings: Settings, source: SourceConfig) -> IdLookup | None:
+        return None if source.id_field is None else _id_lookup(settings.postgres.url, source.name)
+
+    def publish(
+        self,
+        conn: psycopg.Connection[Any],
+        settings: Settings,
+        results: Results,
+        publication: Publication,
+    ) -> tuple[int, int]:
+        served = self._served()
+        written = publish_incremental(
+            conn,
+            served.generation,
+            served.snapshot,
+            _cell_rows(settings, results),
+            _id_rows(results),
+            publication,
+            {m.name: m.kinds for m in settings.plans.values()},
+        )
+        return served.generation, written
+
+    def _served(self) -> ServedView:
+        assert self.served is not None, "an incremental run follows a served view"
+        return self.served
+
+
+@dataclass
+class RangeRun(RunPlan):
+    mode: ClassVar[RunMode] = "range"
+    replaced: tuple[tuple[str, str, int, int, int], ...] = ()
+    """(metric, version, window_ms, first start, end of starts) of the recomputed cells."""
+
+    def watermark(self, metric: MetricPlan, stream_times: Iterable[int]) -> int | None:
+        return self._served_watermark(metric)
+
+    def publish(
+        self,
+        conn: psycopg.Connection[Any],
+        settings: Settings,
+        results: Results,
+        publication: Publication,
+    ) -> tuple[int, int]:
+        assert self.served is not None, "a range run follows a served view"
+        written = publish_range(
+            conn,
+            self.served.generation,
+            self.served.snapshot,
+            self.replaced,
+            _in_ranges(_cell_rows(settings, results), self.replaced),
+        )
+        return self.served.generation, written
+
+
+def plan_run(
+    settings: Settings, conn: psycopg.Connection[Any], record: RunRecord, force: RunMode | None
+) -> RunPlan:
+    """The plan of run `record` (`force`: the mode to run instead of the requested one)."""
+    served = read_served(conn)
+    conn.commit()
+    mode: RunMode = force or record.request.mode
+    if mode != "full" and (
+        served is None or served.versions != versions_of(settings.plans.values())
+    ):
+        log.info("run %s: served cells are of other metric versions; running full", record.id)
+        mode = "full"
+    if mode == "full":
+        return FullRun(take_snapshot(settings), served)
+    assert served is not None
+    if mode == "incremental":
+        snapshot = take_snapshot(settings)
+        for topic, ends in snapshot.items():
+            for partition, end in ends.items():
+                if end < served.snapshot.get(topic, {}).get(partition, 0):
+                    raise LogRewoundError(
+                        f"{topic}[{partition}] ends at offset {end}, before the served snapshot; "
+                        "the topic was recreated: queue a full run"
+                    )
+        return IncrementalRun(snapshot, served)
+    assert record.range_start_ms is not None and record.range_end_ms is not None
+    plans = settings.plans.values()
+    largest = max(w for m in plans for w in m.windows_ms)
+    lo = window_start(record.range_start_ms, largest)
+    hi = -window_start(-record.range_end_ms, largest)
+    replaced = tuple(
+        (m.name, m.version, w, window_start(lo, w), -window_start(-hi, w))
+        for m in plans
+        for w in m.windows_ms
+    )
+    time_range = (min(r[3] for r in replaced), max(r[4] for r in replaced))
+    return RangeRun(served.snapshot, served, time_range, replaced)
+
+
+def _id_lookup(postgres_url: str, source: str) -> IdLookup:
+    """The ids among a run's first copies that an earlier run already counted."""
+
+    def lookup(candidates: pa.Table) -> pa.Table:
+        with connect(postgres_url) as conn:
+            conn.execute("CREATE TEMP TABLE probe_ids (event_id text) ON COMMIT DROP")
+            copy_csv(
+                conn,
+                sql.SQL("COPY probe_ids (event_id) FROM STDIN (FORMAT csv)"),
+                candidates.select(["event_id"]).to_batches(200_000),
+            )
+            rows = conn.execute(
+                "SELECT p.event_id FROM probe_ids p JOIN dedup_ids d "
+                "ON d.source = %s AND d.event_id = p.event_id",
+                [source],
+            ).fetchall()
+            conn.rollback()
+        return pa.table({"event_id": pa.array([r[0] for r in rows], pa.string())})
+
+    return lookup
+
+
+def _cell_table(settings: Settings, results: list[tuple[SourceConfig, SourceResult]]) -> pa.Table:
+    """Every source's cells as one Arrow table in `publish`'s column order (a version column
+    added), for a bulk load without per-cell Python."""
+    plans = settings.plans.values()
+    names = [m.name for m in plans]
+    versions = pa.array([m.version for m in plans], pa.string())
+    tables = []
+    for _source, result in results:
+        cells = result.cells
+        if not cells.num_columns:
+            continue
+        version = pc.take(versions, pc.index_in(cells.column("metric"), value_set=pa.array(names)))
+        tables.append(
+            pa.table(
+                {
+                    "metric": cells.column("metric"),
+                    "version": version,
+                    **{name: cells.column(name) for name in CELL_SCHEMA.names[2:]},
+                }
+            )
+        )
+    if not tables:
+        return CELL_SCHEMA.empty_table()
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+CELL_SCHEMA = pa.schema(
+    [
+        ("metric", pa.string()),
+        ("version", pa.string()),
+        ("window_ms", pa.int64()),
+        ("start_ms", pa.int64()),
+        ("key", pa.list_(pa.string())),
+        ("count", pa.int64()),
+        ("sum", pa.float64()),
+        ("min", pa.float64()),
+        ("max", pa.float64()),
+        ("sketches", pa.list_(pa.binary())),
+        ("sketch_summaries", pa.list_(pa.float64())),
+    ]
+)
+"""The columns of a run's cells as publication loads them (the `batch_cells` columns)."""
+
+
+def _cell_rows(
+    settings: Settings, results: list[tuple[SourceConfig, SourceResult]]
+) -> Iterator[BatchCell]:
+    plans = settings.plans
+    for _source, result in results:
+        for cell in result.cells.to_pylist():
+            metric = plans[cell["metric"]]
+            yield BatchCell(version=metric.version, **cell)
+
+
+def _in_ranges(
+    cells: Iterator[BatchCell], ranges: tuple[tuple[str, str, int, int, int], ...]
+) -> Iterator[BatchCell]:
+    """The cells whose start lies in their (metric, window)'s recomputed range."""
+    bounds: Mapping[tuple[str, int], tuple[int, int]] = {
+        (metric, w): (lo, hi) for metric, _v, w, lo, hi in ranges
+    }
+    for cell in cells:
+        lo, hi = bounds[(cell.metric, cell.window_ms)]
+        if lo <= cell.start_ms < hi:
+            yield cell
+
+
+def _source_ids(source: SourceConfig, ids: pa.Table) -> pa.Table:
+    """(source, event_id, partition, offset) of one source's new ids."""
+    return pa.table(
+        {
+            "source": pa.repeat(pa.scalar(source.name, pa.string()), ids.num_rows),
+            "event_id": ids.column("event_id"),
+            "partition": ids.column("partition"),
+            "offset": ids.column("offset"),
+        }
+    )
+
+
+def _id_rows(results: list[tuple[SourceConfig, SourceResult]]) -> pa.Table:
+    """(source, event_id, partition, offset) of every source's new ids."""
+    tables = [_source_ids(source, result.ids) for source, result in results]
+    if not tables:
+        return pa.table({"source": [], "event_id": [], "partition": [], "offset": []})
+    return pa.concat_tables(tables)

@@ -1,0 +1,214 @@
+"""The speed layer's decision without Redis: `decide` is a pure function of a batch of records
+and what it reads of the speed view (de-dup ids of earlier batches, stored sub-cell states),
+given here by an in-memory view. Validity, de-duplication, lateness (rule 2) and the
+pre-aggregated states it writes are checked case by case and, for any split of a sample into
+batches, against the oracle. `test_processor` keeps the same path honest on the real Redis."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lambdactl.generator import GeneratorSpec, generate
+from shared.config import Settings
+from shared.speed_view import ApplyBatch, Fence
+from speed_layer.processor import BatchOutcome, RawRecord, SourcePlan, decide
+from tests import oracle
+from tests.conftest import platform_config
+from tests.views import speed_cells_of
+
+MINUTE = 60_000
+T0 = 1_704_067_200_000
+CREATED = T0 + 60 * MINUTE
+
+
+class MemoryView:
+    """The speed view's hashes and sets in dicts, read as `decide` reads Redis."""
+
+    def __init__(self) -> None:
+        self.hashes: dict[str, dict[bytes, bytes]] = defaultdict(dict)
+        self.sets: dict[str, set[str]] = defaultdict(set)
+
+    def known_ids(self, requests: Mapping[str, Sequence[str]]) -> dict[str, list[bool]]:
+        return {name: [m in self.sets[name] for m in ids] for name, ids in requests.items()}
+
+    def read_fields(self, requests: Mapping[str, Sequence[bytes]]) -> dict[str, list[bytes | None]]:
+        return {name: [self.hashes[name].get(f) for f in fs] for name, fs in requests.items()}
+
+    def write(self, batch: ApplyBatch) -> None:
+        for name, fields in batch.cells.items():
+            self.hashes[name].update(fields)
+        for name, members in batch.ids.items():
+            self.sets[name].update(members)
+
+
+def _config(grace: str = "2m") -> dict[str, Any]:
+    config = platform_config("decide", partitions=1)
+    for metric in config["metrics"]:
+        metric["grace"] = grace
+    return config
+
+
+def _plan(config: dict[str, Any]) -> SourcePlan:
+    settings = Settings(**config)
+    return SourcePlan.of(settings, settings.sources[0])
+
+
+def _event(offset: int, ts: int, **fields: Any) -> RawRecord:
+    body = {"ts": ts, "event_id": f"e{offset}", "page": "/", "user_id": "u", "latency_ms": 1.0}
+    body.update(fields)
+    return RawRecord(offset, CREATED, orjson.dumps(body))
+
+
+def _run(
+    plan: SourcePlan,
+    view: MemoryView,
+    batches: Sequence[Sequence[RawRecord]],
+    watermarks: Mapping[str, int | None] | None = None,
+) -> tuple[list[BatchOutcome], Fence]:
+    fence = Fence(None, None)
+    outcomes = []
+    for records in batches:
+        outcome, batch = decide(plan, 0, fence, records, watermarks or {}, view)
+        view.write(batch)
+        fence = outcome.fence
+        outcomes.append(outcome)
+    return outcomes, fence
+
+
+def _cells(config: dict[str, Any], view: MemoryView) -> dict[Any, Any]:
+    return speed_cells_of(Settings(**config), view.hashes)
+
+
+def test_a_valid_event_becomes_one_state_and_moves_the_fence() -> None:
+    config = _config()
+    plan = _plan(config)
+    view = MemoryView()
+    (outcome,), fence = _run(plan, view, [[_event(0, T0 + 5_000, latency_ms=4)]])
+    assert (outcome.records, outcome.duplicates, outcome.dead_letters, outcome.late) == (
+        1,
+        0,
+        [],
+        [],
+    )
+    assert fence == Fence(0, T0 + 5_000, plan.defs)
+    cells = _cells(config, view)
+    assert cells[("views_by_page", MINUTE, T0, ("/",))]["count"] == 1
+    assert cells[("views_by_page", MINUTE, T0, ("/",))]["p50"] == 4.0
+    assert cells[("views_total", MINUTE, T0, ())]["distinct_user_id"] == 1
+
+
+def test_malformed_records_are_dead_letters_and_do_not_move_stream_time() -> None:
+    plan = _plan(_config())
+    records = [
+        _event(0, T0 + 5_000),
+        RawRecord(1, CREATED, b"not json"),
+        RawRecord(2, CREATED, orjson.dumps({"event_id": "x"})),
+        RawRecord(3, T0, orjson.dumps({"ts": T0 + 10 * MINUTE, "event_id": "f"})),
+    ]
+    (outcome,), fence = _run(plan, MemoryView(), [records])
+    assert [(d.offset, d.why) for d in outcome.dead_letters] == [
+        (1, "not_json"),
+        (2, "time_missing"),
+        (3, "time_in_future"),
+    ]
+    assert fence == Fence(3, T0 + 5_000, plan.defs)
+
+
+def test_a_copy_of_an_id_counts_once_within_and_across_batches() -> None:
+    config = _config()
+    plan = _plan(config)
+    view = MemoryView()
+    first = [_event(0, T0 + 1_000, event_id="a"), _event(1, T0 + 2_000, event_id="a")]
+    second = [_event(2, T0 + 1_000, event_id="a"), _event(3, T0 + 3_000, event_id="b")]
+    outcomes, _ = _run(plan, view, [first, second])
+    assert [o.duplicates for o in outcomes] == [1, 1]
+    assert _cells(config, view)[("views_total", MINUTE, T0, ())]["count"] == 2
+
+
+def test_lateness_by_grace_and_by_w_per_metric() -> None:
+    config = _config(grace="1m")
+    plan = _plan(config)
+    view = MemoryView()
+    records = [
+        _event(0, T0 + 10 * MINUTE),  # stream time 10:00
+        _event(1, T0 + 8 * MINUTE + 5_000),  # cell [8, 9) ends 9:00, + 1m grace = 10:00: late
+        _event(2, T0 + 9 * MINUTE),  # cell [9, 10) + grace = 11:00 > 10:00: on time
+    ]
+    watermarks = {"views_by_page": T0 + 10 * MINUTE, "views_total": None}
+    (outcome,), _ = _run(plan, view, [records], watermarks)
+    # views_by_page: cells ending at or before W = 10:00 are late (offsets 1, 2)
+    assert outcome.late_by_metric == Counter({"views_by_page": 2, "views_total": 1})
+    assert [(r.offset, r.why) for r in outcome.late] == [
+        (1, "views_by_page,views_total"),
+        (2, "views_by_page"),
+    ]
+    cells = {c[:3] for c in _cells(config, view) if c[1] == MINUTE}
+    assert cells == {
+        ("views_by_page", MINUTE, T0 + 10 * MINUTE),
+        ("views_total", MINUTE, T0 + 10 * MINUTE),
+        ("views_total", MINUTE, T0 + 9 * MINUTE),
+    }
+
+
+def test_metric_level_skips_are_counted_per_metric_and_reason() -> None:
+    plan = _plan(_config())
+    records = [
+        _event(0, T0, page=None),
+        _event(1, T0, latency_ms=True),
+        _event(2, T0, latency_ms="fast"),
+        _event(3, T0, user_id=2.5),
+    ]
+    (outcome,), _ = _run(plan, MemoryView(), [records])
+    assert outcome.skipped == Counter(
+        {
+            ("views_by_page", "key_invalid"): 1,
+            ("views_by_page", "value_invalid"): 2,
+            ("views_by_page", "distinct_invalid"): 1,
+            ("views_total", "distinct_invalid"): 1,
+        }
+    )
+
+
+def _sample() -> list[RawRecord]:
+    spec = GeneratorSpec(T0, T0 + 40 * MINUTE, 1_500, malformed_fraction=0.03, seed=12)
+    return [RawRecord(i, CREATED, r.value) for i, r in enumerate(generate(spec))]
+
+
+SAMPLE = _sample()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    cuts=st.lists(st.integers(1, len(SAMPLE) - 1), max_size=12, unique=True),
+    w_minutes=st.one_of(st.none(), st.integers(0, 40)),
+)
+def test_any_split_into_batches_matches_the_oracle(cuts: list[int], w_minutes: int | None) -> None:
+    config = _config()
+    plan = _plan(config)
+    bounds = [0, *sorted(cuts), len(SAMPLE)]
+    batches = [SAMPLE[lo:hi] for lo, hi in itertools.pairwise(bounds)]
+    watermark = None if w_minutes is None else T0 + w_minutes * MINUTE
+    watermarks = {m.name: watermark for m in plan.metrics}
+    view = MemoryView()
+    outcomes, fence = _run(plan, view, batches, watermarks)
+    expected = oracle.compute(
+        config,
+        [oracle.Record("pv-decide", 0, r.offset, r.timestamp, r.value) for r in SAMPLE],
+        late_rule=True,
+        watermarks={k: v for k, v in watermarks.items() if v is not None},
+    )
+    assert oracle.compare(expected.cells, _cells(config, view)) == []
+    assert sum(o.duplicates for o in outcomes) == expected.duplicates
+    assert sum(len(o.dead_letters) for o in outcomes) == sum(expected.malformed.values())
+    late = Counter[str]()
+    for o in outcomes:
+        late.update(o.late_by_metric)
+    assert {k: v for k, v in late.items() if v} == {k: v for k, v in expected.late.items() if v}
+    assert fence.stream_time == expected.stream_time[("pv-decide", 0)]
