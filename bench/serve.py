@@ -322,10 +322,10 @@ def server_p99_bound_ms(before: dict[float, float], after: dict[float, float]) -
 async def raw_reads_ms(settings: Settings, newest: int, page: str, repeats: int = 30) -> float:
     """The PostgreSQL statement and the Redis call of one s1440 request without the point
     cache (all 1,380-odd batch cells read), timed alone."""
-    metric = settings.metrics[0]
+    metric = settings.plans[settings.metrics[0].name]
     client = aioredis.Redis.from_url(settings.redis.url)
     view = MergedView(settings, client)
-    version = settings.plans[metric.name].version
+    version = metric.version
     async with await psycopg.AsyncConnection.connect(
         settings.postgres.url, autocommit=True
     ) as conn:

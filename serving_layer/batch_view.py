@@ -11,9 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from psycopg import sql
+
 from serving_layer.caches import ServedHints
 from serving_layer.errors import BatchViewUnsettled
 from serving_layer.pools import AsyncDb
+from serving_layer.selection import Selection
 from shared.metric_plan import MetricPlan
 
 _GUARD_RETRIES = 4
@@ -53,7 +56,24 @@ LEFT JOIN batch_cells c
 """
 )
 
-TOP_SQL = (
+SLICE_SQL = sql.SQL(
+    _SERVED_CTE
+    + """
+SELECT s.generation, s.w, s.v, c.window_ms, c.start_ms, c.key, c.count, c.sum, c.min, c.max,
+       c.sketches, c.sketch_summaries, s.x
+FROM s
+LEFT JOIN unnest(%(sizes)s::bigint[], %(starts)s::bigint[]) AS p(window_ms, start_ms)
+    ON s.x = %(x)s AND s.v = %(version)s
+LEFT JOIN batch_cells c
+    ON c.generation = %(generation)s AND c.metric = %(metric)s AND c.version = %(version)s
+   AND c.window_ms = p.window_ms AND c.start_ms = p.start_ms{filters}
+LIMIT %(limit)s
+"""
+)
+"""Every key's cells at the given (window, start)s that pass the filters, at most `limit`
+rows: a sliced series groups and merges them."""
+
+TOP_SQL = sql.SQL(
     _SERVED_CTE
     + """
 SELECT s.generation, s.w, s.v, c.key, c.count, c.sum, c.min, c.max,
@@ -64,11 +84,12 @@ LEFT JOIN unnest(%(sizes)s::bigint[], %(starts)s::bigint[]) AS p(window_ms, star
     ON s.x = %(x)s AND s.v = %(version)s
 LEFT JOIN batch_cells c
     ON c.generation = %(generation)s AND c.metric = %(metric)s AND c.version = %(version)s
-   AND c.window_ms = p.window_ms AND c.start_ms = p.start_ms
+   AND c.window_ms = p.window_ms AND c.start_ms = p.start_ms{filters}
+LIMIT %(limit)s
 """
 )
 
-KEYS_SQL = (
+KEYS_SQL = sql.SQL(
     _SERVED_CTE
     + """
 SELECT s.generation, s.w, s.v, k.key
@@ -79,6 +100,7 @@ LEFT JOIN LATERAL (
       AND s.w IS NOT NULL AND c.window_ms = %(base)s AND c.start_ms >= %(start)s
       AND c.start_ms < LEAST(%(end)s, s.w - %(base)s + 1)
       AND (%(prefix)s::text IS NULL OR left(c.key[1], length(%(prefix)s::text)) = %(prefix)s)
+      {filters}
 ) k ON s.v = %(version)s
 """
 )
@@ -94,7 +116,7 @@ class BatchViewReader:
         self,
         db: AsyncDb,
         metric: MetricPlan,
-        query: str,
+        query: str | sql.Composed,
         params_for: Callable[[str | None, int | None], dict[str, Any]],
     ) -> tuple[Served, str | None, list[tuple[Any, ...]]]:
         """Run a cell read planned against the hinted row until the served row agrees with it.
@@ -128,12 +150,15 @@ class BatchViewReader:
         start: int,
         end: int,
         prefix: str | None,
+        selection: Selection,
     ) -> tuple[int | None, set[tuple[str, ...]]]:
-        """W and the keys with a base cell in `[start, end)` before W."""
+        """W and the keys passing the filters with a base cell in `[start, end)` before W."""
+        condition, filters = selection.sql_condition("c.key")
         async with db.connection() as conn:
             cursor = await conn.execute(
-                KEYS_SQL,
+                KEYS_SQL.format(filters=condition),
                 {
+                    **filters,
                     "metric": metric.name,
                     "version": metric.version,
                     "base": metric.base_window_ms,

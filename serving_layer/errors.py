@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving_layer.responses import JSONResponse
-from shared.errors import ServiceUnavailableError
+from shared.errors import LambdaError, ServiceUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +19,16 @@ log = logging.getLogger(__name__)
 class BatchViewUnsettled(ServiceUnavailableError):
     """The served row changed under a read again and again (runs publishing back to back):
     answered 503, the client retries."""
+
+
+class TooManyCells(LambdaError):
+    """A query would read more than `serving.max_cells` cells: answered 400."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"the query reads more than {limit} cells (LAMBDA_SERVING__MAX_CELLS); add filters "
+            "(dim=value), group by fewer dimensions, narrow [start, end) or use a larger window"
+        )
 
 
 def bad_request(message: str) -> HTTPException:
@@ -73,6 +83,10 @@ def install_error_handlers(app: FastAPI) -> None:
             {"detail": "the batch view (PostgreSQL) is unreachable; retry later"},
             status_code=503,
         )
+
+    @app.exception_handler(TooManyCells)
+    async def _too_many(request: Request, exc: TooManyCells) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=400)
 
     @app.exception_handler(BatchViewUnsettled)
     async def _unsettled(request: Request, exc: BatchViewUnsettled) -> JSONResponse:

@@ -13,9 +13,11 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 
-from serving_layer.batch_view import SERIES_SQL, TOP_SQL, BatchViewReader
+from serving_layer.batch_view import SERIES_SQL, SLICE_SQL, TOP_SQL, BatchViewReader
 from serving_layer.caches import SpeedPointCache, StampedCache
+from serving_layer.errors import TooManyCells
 from serving_layer.pools import AsyncDb
+from serving_layer.selection import Selection
 from serving_layer.timefmt import format_time
 from shared.aggregations import (
     CellState,
@@ -28,7 +30,7 @@ from shared.config import Settings
 from shared.db.cells import state_of_columns
 from shared.metric_plan import MetricPlan
 from shared.speed_view import SpeedViewReader, decode_key, encode_key
-from shared.windows import CellRef, WindowPlan, plan_window
+from shared.windows import CellRef, WindowPlan, plan_window, point_source
 
 
 def render_merge(
@@ -37,6 +39,16 @@ def render_merge(
     """The outputs of the merge of `parts` (a single stored cell renders from its summaries
     where its aggregations allow)."""
     return metric.aggregations.render(merge_states(metric.kinds, parts), options)
+
+
+@dataclass
+class SlicedResult:
+    watermark: int | None
+    speed_status: str
+    batch_cells: int
+    speed_states: int
+    groups: dict[tuple[str, ...], list[Point]] = field(default_factory=dict)
+    """Each group's points, ascending by start."""
 
 
 @dataclass
@@ -177,6 +189,83 @@ class MergedView:
                     points.append(merged)
         return result
 
+    async def sliced_series(
+        self,
+        db: AsyncDb,
+        metric: MetricPlan,
+        windows: Sequence[tuple[int, int]],
+        selection: Selection,
+        options: RenderOptions,
+    ) -> SlicedResult:
+        """The points of each group of `selection` (one group, `()`, without `group_by`) over
+        the given windows (`[start, end)`, any multiple of the base cell, overlapping when
+        hopping): every key passing the filters is read and merged into its group, window by
+        window, by rule 8's split at W. Raises TooManyCells past `serving.max_cells` cells."""
+        base = metric.base_window_ms
+        limit = self.settings.serving.max_cells
+        condition, filters = selection.sql_condition("c.key")
+        plans: dict[tuple[int, int], WindowPlan] = {}
+
+        def plan_all(watermark: int | None) -> None:
+            plans.clear()
+            for start, end in windows:
+                plans[(start, end)] = plan_window(
+                    start, end - start, base, watermark, metric.windows_ms
+                )
+
+        def params_for(stamp: str | None, watermark: int | None) -> dict[str, Any]:
+            plan_all(watermark)
+            refs = sorted({r for plan in plans.values() for r in plan.batch_cells})
+            return {
+                **filters,
+                "sizes": [r.size_ms for r in refs],
+                "starts": [r.start_ms for r in refs],
+                "limit": limit + 1,
+            }
+
+        query = SLICE_SQL.format(filters=condition)
+        served, _stamp, rows = await self.batch.guarded(db, metric, query, params_for)
+        _check_cells(len(rows), limit)
+        if served.watermark is None:
+            plan_all(None)
+        batch: dict[CellRef, dict[tuple[str, ...], list[CellState]]] = {}
+        for row in rows:
+            if row[3] is None:
+                continue
+            at_ref = batch.setdefault(CellRef(row[3], row[4]), {})
+            at_ref.setdefault(selection.group_of(row[5]), []).append(state_of_columns(*row[6:12]))
+        speed_starts = sorted({s for plan in plans.values() for s in plan.speed_cells})
+        status, raw = await self.speed.read_all_by_start(
+            metric.name, metric.version, speed_starts, metric.source.partitions
+        )
+        speed_states = sum(len(blobs) for cell in raw.values() for blobs in cell.values())
+        _check_cells(len(rows) + speed_states, limit)
+        sketched = bool(metric.kinds)
+        speed: dict[int, dict[tuple[str, ...], list[CellState]]] = {}
+        for cell_start, cell in raw.items():
+            in_cell = speed.setdefault(cell_start, {})
+            for encoded, blobs in cell.items():
+                key = decode_key(encoded)
+                if selection.matches(key):
+                    in_cell.setdefault(selection.group_of(key), []).extend(
+                        decode_state(blob, sketched) for blob in blobs
+                    )
+        result = SlicedResult(served.watermark, status, len(rows), speed_states)
+        for (start, end), plan in plans.items():
+            parts: dict[tuple[str, ...], list[CellState]] = {}
+            for ref in plan.batch_cells:
+                for group, states in batch.get(ref, {}).items():
+                    parts.setdefault(group, []).extend(states)
+            for cell_start in plan.speed_cells:
+                for group, states in speed.get(cell_start, {}).items():
+                    parts.setdefault(group, []).extend(states)
+            source = point_source(start, end, served.watermark)
+            for group, states in parts.items():
+                point = _render(render_merge(metric, states, options), start, end - start, source)
+                if point is not None:
+                    result.groups.setdefault(group, []).append(point)
+        return result
+
     async def top(
         self,
         db: AsyncDb,
@@ -184,13 +273,18 @@ class MergedView:
         window_ms: int,
         start: int,
         ranking: Ranking,
+        selection: Selection,
     ) -> tuple[ReadResult, list[tuple[tuple[str, ...], Any]]]:
-        """Every key's ranked value over one window, best first, ties by key ascending."""
+        """Every group's ranked value over one window (the groups of `selection.group_by`,
+        after its filters), best first, ties by group ascending. Raises TooManyCells past
+        `serving.max_cells` cells."""
         base = metric.base_window_ms
         sketch_index = ranking.slot + 1
-        by = ranking.by
+        merges_keys = selection.group_by != metric.key
+        limit = self.settings.serving.max_cells
+        condition, filters = selection.sql_condition("c.key")
         plan_box: list[WindowPlan] = []
-        name = (metric.name, window_ms, start, by)
+        name = (metric.name, window_ms, start, ranking.by, selection)
         cached: list[Any] = [None]
 
         def params_for(stamp: str | None, watermark: int | None) -> dict[str, Any]:
@@ -198,15 +292,20 @@ class MergedView:
             plan = plan_box[0]
             cached[0] = None if plan.speed_cells else self.tops.get(name, stamp)
             refs = () if cached[0] is not None else plan.batch_cells
+            parts = len(refs) + len(plan.speed_cells)
             return {
+                **filters,
                 "sizes": [r.size_ms for r in refs],
                 "starts": [r.start_ms for r in refs],
                 "sketch": sketch_index,
-                # one stored cell per key and no speed cells: its summary may be the answer
-                "union": ranking.needs_sketch(len(refs) + len(plan.speed_cells)),
+                # one stored cell per group and no speed cells: its summary may be the answer
+                "union": ranking.needs_sketch(parts) or (merges_keys and sketch_index > 0),
+                "limit": limit + 1,
             }
 
-        served, stamp, rows = await self.batch.guarded(db, metric, TOP_SQL, params_for)
+        query = TOP_SQL.format(filters=condition)
+        served, stamp, rows = await self.batch.guarded(db, metric, query, params_for)
+        _check_cells(len(rows), limit)
         watermark = served.watermark
         if watermark is not None and cached[0] is not None:
             ranked, batch_cells = cached[0]
@@ -223,7 +322,7 @@ class MergedView:
                 continue
             batch_cells += 1
             sketch, summary = row[8], row[9]
-            parts.setdefault(tuple(row[3]), []).append(
+            parts.setdefault(selection.group_of(row[3]), []).append(
                 state_of_columns(
                     row[4],
                     row[5],
@@ -240,8 +339,12 @@ class MergedView:
             metric.source.partitions,
         )
         speed_states = 0
+        _check_cells(batch_cells + sum(map(len, speed_raw.values())), limit)
         for encoded, states in speed_raw.items():
-            cells = parts.setdefault(decode_key(encoded), [])
+            key = decode_key(encoded)
+            if not selection.matches(key):
+                continue
+            cells = parts.setdefault(selection.group_of(key), [])
             for state in states:
                 cell = decode_state(state, sketch_index > 0)
                 if cell.sketches is not None:
@@ -266,10 +369,12 @@ class MergedView:
         start: int,
         end: int,
         prefix: str | None,
+        selection: Selection,
     ) -> tuple[ReadResult, list[tuple[str, ...]]]:
-        """Keys with a cell in `[start, end)`: batch cells before W, speed sub-cells after."""
+        """Keys passing the filters with a cell in `[start, end)`: batch cells before W, speed
+        sub-cells after."""
         base = metric.base_window_ms
-        watermark, found = await self.batch.keys(db, metric, start, end, prefix)
+        watermark, found = await self.batch.keys(db, metric, start, end, prefix, selection)
         first_speed = start if watermark is None else max(start, watermark)
         speed_starts = [s for s in range(_ceil(first_speed, base), end, base)]
         status, fields = await self.speed.read_fields(
@@ -277,9 +382,14 @@ class MergedView:
         )
         for encoded in fields:
             key = decode_key(encoded)
-            if prefix is None or not key or key[0].startswith(prefix):
+            if (prefix is None or not key or key[0].startswith(prefix)) and selection.matches(key):
                 found.add(key)
         return ReadResult(watermark, status), sorted(found)
+
+
+def _check_cells(cells: int, limit: int) -> None:
+    if cells > limit:
+        raise TooManyCells(limit)
 
 
 def _ceil(value: int, size: int) -> int:

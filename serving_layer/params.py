@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from starlette.datastructures import QueryParams
 
 from serving_layer.errors import bad_request, not_found
+from serving_layer.selection import Selection
 from serving_layer.timefmt import parse_time
+from serving_layer.windowing import WindowSpec
 from shared.aggregations import DEFAULT_RENDER, Ranking, RenderOptions, parse_quantiles
 from shared.config import Settings
 from shared.durations import format_duration, parse_duration
@@ -21,16 +26,43 @@ def metric_of(settings: Settings, name: str) -> MetricPlan:
 
 
 def window_of(metric: MetricPlan, text: str) -> int:
-    allowed = ", ".join(format_duration(w) for w in metric.windows_ms)
+    """A window size: any positive multiple of the metric's base window."""
+    return _multiple_of_base(metric, "window", text)
+
+
+def window_spec_of(metric: MetricPlan, window: str, step: str | None, tz: str | None) -> WindowSpec:
+    """The windows a series asks for: `window` and `step` multiples of the base window
+    (`step` defaults to `window`), `tz` an IANA zone aligning whole-day windows to local
+    midnight."""
+    size = window_of(metric, window)
+    step_ms = size if step is None else _multiple_of_base(metric, "step", step)
+    zone = None
+    if tz is not None:
+        try:
+            zone = ZoneInfo(tz)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise bad_request(
+                f"tz={tz!r} is not an IANA time zone name; send e.g. tz=Europe/Berlin"
+            ) from None
+    return WindowSpec(size, step_ms, zone)
+
+
+def _multiple_of_base(metric: MetricPlan, name: str, text: str) -> int:
+    base = format_duration(metric.base_window_ms)
+    configured = ", ".join(format_duration(w) for w in metric.windows_ms)
     try:
-        window = parse_duration(text)
+        value = parse_duration(text)
     except ValueError:
-        raise bad_request(f"window={text!r} is not a duration; use one of {allowed}") from None
-    if window not in metric.windows_ms:
         raise bad_request(
-            f"window {text!r} is not configured for {metric.name}; use one of {allowed}"
+            f"{name}={text!r} is not a duration; send a multiple of {metric.name}'s base window "
+            f"{base}, e.g. one of {configured}"
+        ) from None
+    if value <= 0 or value % metric.base_window_ms:
+        raise bad_request(
+            f"{name}={text!r} is not a positive multiple of {metric.name}'s base window {base}; "
+            f"send e.g. one of {configured}"
         )
-    return window
+    return value
 
 
 def time_of(name: str, text: str) -> int:
@@ -55,17 +87,35 @@ def range_of(start: str, end: str) -> tuple[int, int]:
     return start_ms, end_ms
 
 
-def key_of(metric: MetricPlan, query: Mapping[str, str]) -> tuple[str, ...]:
-    key = []
-    for dim in metric.key:
-        value = query.get(dim)
-        if value is None:
+def selection_of(
+    metric: MetricPlan,
+    query: QueryParams,
+    accepted: Iterable[str],
+    group_by: str | None = None,
+) -> Selection:
+    """The query's filters (`dim=value`, repeated for any of several values) and `group_by`
+    (a comma-separated subset of the key); any other parameter than `accepted` and the key
+    dimensions is a 400 naming what may be sent."""
+    accepted = set(accepted)
+    for name in query:
+        if name not in accepted and name not in metric.key:
+            dims = ", ".join(metric.key) or "none"
             raise bad_request(
-                f"missing key dimension {dim!r}; {metric.name} needs "
-                + "&".join(f"{d}=<value>" for d in metric.key)
+                f"unknown parameter {name!r}; {metric.name}'s dimensions are {dims}, and this "
+                f"query also takes {', '.join(sorted(accepted))}"
             )
-        key.append(value)
-    return tuple(key)
+    filters = tuple((dim, frozenset(query.getlist(dim))) for dim in metric.key if dim in query)
+    grouped: tuple[str, ...] = ()
+    if group_by is not None:
+        grouped = tuple(d.strip() for d in group_by.split(",") if d.strip())
+        unknown = [d for d in grouped if d not in metric.key]
+        if unknown or len(set(grouped)) != len(grouped):
+            dims = ", ".join(metric.key) or "none: it has one global series"
+            raise bad_request(
+                f"group_by={group_by!r} must name distinct dimensions of {metric.name}'s key "
+                f"({dims}), comma-separated"
+            )
+    return Selection(metric.key, filters, grouped)
 
 
 def options_of(q: str | None) -> RenderOptions:

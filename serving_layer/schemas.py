@@ -62,12 +62,40 @@ class Point(BaseModel):
 
 
 class SeriesResponse(BaseModel):
+    """One series: a key (every dimension given once), or the merge over every key passing
+    `filters` (then `key` holds the dimensions fixed to one value; none given: the total)."""
+
     metric: str
     window: str
+    step: str | None = Field(default=None, description="hopping windows: the step, if asked")
+    tz: str | None = Field(default=None, description="the zone whole-day windows align to")
     key: dict[str, str]
+    filters: dict[str, list[str]] | None = Field(
+        default=None, description="the dimension filters of a merged series (dim -> values)"
+    )
     batch_watermark: str | None = Field(description="W: cells ending at or before it are batch")
     speed_status: SpeedStatus
     points: list[Point]
+
+
+class SeriesGroup(BaseModel):
+    key: dict[str, str] = Field(description="the group's `group_by` dimensions")
+    points: list[Point]
+
+
+class GroupedSeriesResponse(BaseModel):
+    """One series per group of `group_by`, groups ascending by key, at most `limit`."""
+
+    metric: str
+    window: str
+    step: str | None = Field(default=None, description="hopping windows: the step, if asked")
+    tz: str | None = Field(default=None, description="the zone whole-day windows align to")
+    filters: dict[str, list[str]]
+    group_by: list[str]
+    batch_watermark: str | None
+    speed_status: SpeedStatus
+    groups: list[SeriesGroup]
+    truncated: bool = Field(description="more groups had points than `limit`")
 
 
 class TopItem(BaseModel):

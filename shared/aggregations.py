@@ -30,6 +30,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import datasketches as ds
@@ -488,13 +489,14 @@ class AggregationSet:
 
     aggregations: tuple[Aggregation, ...]
 
-    @property
+    @cached_property
     def sketched(self) -> tuple[Aggregation, ...]:
         """The sketch aggregations, in slot order."""
         return tuple(a for a in self.aggregations if a.kind is not None)
 
-    @property
+    @cached_property
     def kinds(self) -> tuple[SketchKind, ...]:
+        """The sketch slots' kinds (read per cell in the hot paths: computed once)."""
         return tuple(a.kind for a in self.sketched if a.kind is not None)
 
     def slot_of(self, aggregation: Aggregation) -> int:

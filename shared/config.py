@@ -247,6 +247,8 @@ class ServingSettings(_Strict):
     """The most base cells one request may touch (series, top, keys); beyond it a 400."""
     max_top_n: int = Field(default=1000, ge=1)
     max_keys_limit: int = Field(default=1000, ge=1)
+    max_groups: int = Field(default=10_000, ge=1)
+    """The most groups a `group_by` series may ask for (`limit`)."""
     kafka_timeout_s: float = Field(default=2.0, gt=0)
     """How long `/v1/status` and `/readyz` wait for Kafka before reporting it unreachable."""
     cache_points: int = Field(default=150_000, ge=0)

@@ -2,25 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
 from serving_layer.auth import ReaderDep
 from serving_layer.deps import AsyncDbDep, ObserverDep, SettingsDep, ViewDep
 from serving_layer.errors import bad_request
+from serving_layer.merged_view import MergedView
+from serving_layer.observability import ServingMetrics
 from serving_layer.params import (
     by_of,
     check_cells,
-    key_of,
     metric_of,
     options_of,
     range_of,
+    selection_of,
     time_of,
     window_of,
+    window_spec_of,
 )
+from serving_layer.pools import AsyncDb
 from serving_layer.responses import JSONResponse
 from serving_layer.schemas import (
+    GroupedSeriesResponse,
     KeysResponse,
     MetricInfo,
     MetricList,
@@ -28,8 +33,12 @@ from serving_layer.schemas import (
     TopResponse,
     problems,
 )
+from serving_layer.selection import Selection
 from serving_layer.timefmt import format_time
+from serving_layer.windowing import WindowError, WindowSpec
+from shared.aggregations import RenderOptions
 from shared.durations import format_duration
+from shared.metric_plan import MetricPlan
 from shared.windows import point_source, window_start, window_starts
 
 router = APIRouter(
@@ -41,6 +50,16 @@ router = APIRouter(
 
 WindowQ = Annotated[str, Query(description="one of the metric's windows, e.g. 1h")]
 StartQ = Annotated[str, Query(description="RFC 3339 with offset, or epoch milliseconds")]
+GroupByQ = Annotated[
+    str | None,
+    Query(
+        description="comma-separated key dimensions: one answer per group of them, every other "
+        "dimension merged over",
+        examples=["country"],
+    ),
+]
+SERIES_PARAMS = ("window", "start", "end", "group_by", "limit", "step", "tz", "q")
+TOP_PARAMS = ("window", "at", "by", "n", "group_by", "q")
 QuantilesQ = Annotated[
     str | None,
     Query(
@@ -83,6 +102,7 @@ def list_metrics(settings: SettingsDep) -> MetricList:
 )
 async def keys(
     metric_name: str,
+    request: Request,
     settings: SettingsDep,
     db: AsyncDbDep,
     view: ViewDep,
@@ -104,7 +124,8 @@ async def keys(
         f"narrow [start, end) to at most {settings.serving.max_cells} "
         f"{format_duration(base)} cells",
     )
-    result, found = await view.keys(db, metric, start_ms, end_ms, prefix)
+    selection = selection_of(metric, request.query_params, ("start", "end", "prefix", "limit"))
+    result, found = await view.keys(db, metric, start_ms, end_ms, prefix, selection)
     body = {
         "metric": metric.name,
         "start": format_time(start_ms),
@@ -119,12 +140,14 @@ async def keys(
 
 @router.get(
     "/{metric_name}/series",
-    response_model=SeriesResponse,
+    response_model=SeriesResponse | GroupedSeriesResponse,
     response_class=JSONResponse,
     description=(
         "The windows whose start is in `[start, end)`, merged from the batch view (cells ending "
-        "at or before W) and the speed view. Every key dimension is a required query parameter "
-        "(`?page=/home`). Empty windows are omitted."
+        "at or before W) and the speed view. A key dimension given as `dim=value` fixes it "
+        "(repeated: any of the values); `group_by=d1,d2` answers one series per group; every "
+        "other dimension is merged over (none given: the metric's total). Empty windows are "
+        "omitted."
     ),
 )
 async def series(
@@ -137,13 +160,40 @@ async def series(
     window: WindowQ,
     start: StartQ,
     end: Annotated[str, Query(description="windows starting before this")],
+    group_by: GroupByQ = None,
+    limit: Annotated[int, Query(description="at most this many groups (with group_by)")] = 100,
+    step: Annotated[
+        str | None,
+        Query(description="hopping windows: a new window every `step` (default: `window`)"),
+    ] = None,
+    tz: Annotated[
+        str | None,
+        Query(description="IANA zone aligning windows of whole days to local midnight"),
+    ] = None,
     q: QuantilesQ = None,
 ) -> JSONResponse:
     metric = metric_of(settings, metric_name)
-    window_ms = window_of(metric, window)
+    spec = window_spec_of(metric, window, step, tz)
+    window_ms = spec.size_ms
     start_ms, end_ms = range_of(start, end)
     options = options_of(q)
-    key = key_of(metric, request.query_params)
+    selection = selection_of(metric, request.query_params, SERIES_PARAMS, group_by)
+    if not 1 <= limit <= settings.serving.max_groups:
+        raise bad_request(f"limit must be between 1 and {settings.serving.max_groups}")
+    key = selection.exact_key
+    if key is None or step is not None or tz is not None or window_ms not in metric.windows_ms:
+        windows = spec.windows(start_ms, end_ms)
+        try:
+            spec.check_cells(windows, metric.base_window_ms)
+        except WindowError as exc:
+            raise bad_request(str(exc)) from None
+        span = windows[-1][1] - windows[0][0] if windows else 0
+        check_cells(
+            settings, span // metric.base_window_ms, "narrow [start, end) or use a larger window"
+        )
+        return await _sliced_series(
+            db, view, observer, metric, spec, windows, selection, limit, options
+        )
     starts = window_starts(start_ms, end_ms, window_ms)
     check_cells(
         settings,
@@ -174,6 +224,7 @@ async def series(
 )
 async def top(
     metric_name: str,
+    request: Request,
     settings: SettingsDep,
     db: AsyncDbDep,
     view: ViewDep,
@@ -183,13 +234,20 @@ async def top(
     by: Annotated[
         str, Query(description="one of the outputs a point carries (e.g. count, p99)")
     ] = "count",
-    n: Annotated[int, Query(description="how many keys")] = 10,
+    n: Annotated[int, Query(description="how many groups")] = 10,
+    group_by: GroupByQ = None,
     q: QuantilesQ = None,
 ) -> JSONResponse:
     metric = metric_of(settings, metric_name)
     window_ms = window_of(metric, window)
     at_ms = time_of("at", at)
     ranking = by_of(metric, by, options_of(q))
+    selection = selection_of(
+        metric,
+        request.query_params,
+        TOP_PARAMS,
+        ",".join(metric.key) if group_by is None else group_by,
+    )
     if not 1 <= n <= settings.serving.max_top_n:
         raise bad_request(f"n must be between 1 and {settings.serving.max_top_n}")
     check_cells(
@@ -197,7 +255,7 @@ async def top(
     )
     start_ms = window_start(at_ms, window_ms)
     end_ms = start_ms + window_ms
-    result, ranked = await view.top(db, metric, window_ms, start_ms, ranking)
+    result, ranked = await view.top(db, metric, window_ms, start_ms, ranking, selection)
     observer.observe_merge("top", result.batch_cells, result.speed_states)
     if result.speed_status == "unavailable":
         observer.speed_unavailable.inc()
@@ -211,8 +269,64 @@ async def top(
         "batch_watermark": _w(result.watermark),
         "speed_status": result.speed_status,
         "items": [
-            {"key": dict(zip(metric.key, key, strict=True)), "value": value, "source": source}
+            {
+                "key": dict(zip(selection.group_by, key, strict=True)),
+                "value": value,
+                "source": source,
+            }
             for key, value in ranked[:n]
         ],
+    }
+    return JSONResponse(body)
+
+
+async def _sliced_series(
+    db: AsyncDb,
+    view: MergedView,
+    observer: ServingMetrics,
+    metric: MetricPlan,
+    spec: WindowSpec,
+    windows: list[tuple[int, int]],
+    selection: Selection,
+    limit: int,
+    options: RenderOptions,
+) -> JSONResponse:
+    """A series merged over the keys passing the filters (one, or one per group), over any
+    windows: of any multiple of the base cell, hopping, aligned to a time zone."""
+    result = await view.sliced_series(db, metric, windows, selection, options)
+    observer.observe_merge("series", result.batch_cells, result.speed_states)
+    if result.speed_status == "unavailable":
+        observer.speed_unavailable.inc()
+    head: dict[str, Any] = {"metric": metric.name, "window": format_duration(spec.size_ms)}
+    if spec.step_ms != spec.size_ms:
+        head["step"] = format_duration(spec.step_ms)
+    if spec.tz is not None:
+        head["tz"] = str(spec.tz)
+    tail = {
+        "batch_watermark": _w(result.watermark),
+        "speed_status": result.speed_status,
+    }
+    if not selection.group_by:
+        points = result.groups.get((), [])
+        return JSONResponse(
+            {
+                **head,
+                "key": selection.fixed,
+                "filters": selection.filter_map(),
+                **tail,
+                "points": points,
+            }
+        )
+    groups = sorted(result.groups.items())
+    body = {
+        **head,
+        "filters": selection.filter_map(),
+        "group_by": list(selection.group_by),
+        **tail,
+        "groups": [
+            {"key": dict(zip(selection.group_by, group, strict=True)), "points": points}
+            for group, points in groups[:limit]
+        ],
+        "truncated": len(groups) > limit,
     }
     return JSONResponse(body)

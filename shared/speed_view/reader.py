@@ -104,12 +104,25 @@ class SpeedViewReader:
         self, metric: str, version: str, starts: Sequence[int], partitions: int
     ) -> tuple[str, dict[bytes, list[bytes]]]:
         """Status and every key's sub-cell states over the given base cells."""
-        status, replies = await self._each_sub_cell("hgetall", metric, version, starts, partitions)
+        status, by_start = await self.read_all_by_start(metric, version, starts, partitions)
         by_key: dict[bytes, list[bytes]] = {}
-        for reply in replies:
-            for encoded, state in reply.items():
-                by_key.setdefault(encoded, []).append(state)
+        for cell in by_start.values():
+            for encoded, states in cell.items():
+                by_key.setdefault(encoded, []).extend(states)
         return status, by_key
+
+    async def read_all_by_start(
+        self, metric: str, version: str, starts: Sequence[int], partitions: int
+    ) -> tuple[str, dict[int, dict[bytes, list[bytes]]]]:
+        """Status and, per base cell start, every key's sub-cell states."""
+        status, replies = await self._each_sub_cell("hgetall", metric, version, starts, partitions)
+        by_start: dict[int, dict[bytes, list[bytes]]] = {}
+        for n, reply in enumerate(replies):
+            if reply:
+                cell = by_start.setdefault(starts[n // partitions], {})
+                for encoded, state in reply.items():
+                    cell.setdefault(encoded, []).append(state)
+        return status, by_start
 
     async def read_fields(
         self, metric: str, version: str, starts: Sequence[int], partitions: int
