@@ -56,11 +56,7 @@ LEFT JOIN batch_cells c
 """
 )
 
-SLICE_SQL = sql.SQL(
-    _SERVED_CTE
-    + """
-SELECT s.generation, s.w, s.v, c.window_ms, c.start_ms, c.key, c.count, c.sum, c.min, c.max,
-       c.sketches, c.sketch_summaries, s.x
+_FILTERED_CELLS = """
 FROM s
 LEFT JOIN unnest(%(sizes)s::bigint[], %(starts)s::bigint[]) AS p(window_ms, start_ms)
     ON s.x = %(x)s AND s.v = %(version)s
@@ -69,25 +65,26 @@ LEFT JOIN batch_cells c
    AND c.window_ms = p.window_ms AND c.start_ms = p.start_ms{filters}
 LIMIT %(limit)s
 """
+"""Every key's cells at the given (window, start)s that pass the filters, at most `limit`."""
+
+SLICE_SQL = sql.SQL(
+    _SERVED_CTE
+    + """
+SELECT s.generation, s.w, s.v, c.window_ms, c.start_ms, c.key, c.count, c.sum, c.min, c.max,
+       c.sketches, c.sketch_summaries, s.x"""
+    + _FILTERED_CELLS
 )
-"""Every key's cells at the given (window, start)s that pass the filters, at most `limit`
-rows: a sliced series groups and merges them."""
+"""What a sliced series groups and merges."""
 
 TOP_SQL = sql.SQL(
     _SERVED_CTE
     + """
 SELECT s.generation, s.w, s.v, c.key, c.count, c.sum, c.min, c.max,
        CASE WHEN %(sketch)s::int > 0 AND %(union)s THEN c.sketches[%(sketch)s] END,
-       CASE WHEN %(sketch)s::int > 0 THEN c.sketch_summaries[%(sketch)s] END, s.x
-FROM s
-LEFT JOIN unnest(%(sizes)s::bigint[], %(starts)s::bigint[]) AS p(window_ms, start_ms)
-    ON s.x = %(x)s AND s.v = %(version)s
-LEFT JOIN batch_cells c
-    ON c.generation = %(generation)s AND c.metric = %(metric)s AND c.version = %(version)s
-   AND c.window_ms = p.window_ms AND c.start_ms = p.start_ms{filters}
-LIMIT %(limit)s
-"""
+       CASE WHEN %(sketch)s::int > 0 THEN c.sketch_summaries[%(sketch)s] END, s.x"""
+    + _FILTERED_CELLS
 )
+"""What `top` ranks: each key's plain columns and the ranked aggregation's sketch slot."""
 
 KEYS_SQL = sql.SQL(
     _SERVED_CTE

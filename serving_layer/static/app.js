@@ -104,10 +104,11 @@ async function loadKeys() {
     return;
   }
   select.disabled = false;
+  // The metric's total (every key merged, no dimension given) is the default choice.
+  option(select, "{}", "(all: total)", !previous || previous === "{}");
   const { start, end } = range();
   const body = await api(`/v1/metrics/${encodeURIComponent(m.name)}/keys?` +
     new URLSearchParams({ start: iso(start), end: iso(end), limit: "200" }));
-  if (!body.keys.length) option(select, "", "(no keys in range)", true);
   body.keys.forEach((k) => {
     const value = JSON.stringify(k);
     option(select, value, m.key.map((d) => k[d]).join(" / "), value === previous);
@@ -156,7 +157,8 @@ function drawChart() {
     .map((p) => ({ t: Date.parse(p.start), v: p[field], p }))
     .filter((p) => p.v !== null && p.v !== undefined);
   $("chart-title").textContent = `${body.metric} · ${field} · ${body.window}` +
-    (Object.keys(body.key).length ? " · " + Object.values(body.key).join(" / ") : "");
+    (Object.keys(body.key).length ? " · " + Object.values(body.key).join(" / ")
+      : state.metric && state.metric.key.length ? " · total" : "");
   const box = $("chart");
   box.innerHTML = "";
   const width = box.clientWidth || 900, height = box.clientHeight || 340;
