@@ -77,6 +77,9 @@ def test_broker_restart_mid_stream_loses_nothing(
             time.sleep(0.5)
 
     worker = start_worker(platform, tmp_path / "speed.log")
+    # The restart must land mid-stream, not during the worker's first join: a join answered by
+    # a broker still loading its metadata can leave the worker with no partitions (noted on #14).
+    wait_until_applied(platform, timeout_s=120, workers=[worker])
     producer = threading.Thread(target=stream)
     run_id = queue(settings, RunRequest("full"))
     run_error: list[BaseException] = []
