@@ -63,6 +63,10 @@ class SketchKind(ABC):
     needs_bytes_alone: ClassVar[bool]
     """Whether rendering even one stored cell needs its sketch (no stored summary suffices)."""
 
+    def needs_bytes(self, parts: int) -> bool:
+        """Whether rendering the merge of `parts` stored states needs their sketch bytes."""
+        return self.needs_bytes_alone or parts > 1
+
     @abstractmethod
     def add(self, blob: bytes | None, items: Sequence[Any]) -> bytes:
         """The sketch `blob` (None: empty) updated with `items`."""
@@ -282,7 +286,7 @@ def fold_inputs(
     if previous is None:
         blobs: Sequence[bytes | None] = [None] * len(kinds)
     else:
-        total = math.fsum((previous.total, total))
+        total += previous.total
         minimum, maximum = min(previous.minimum, minimum), max(previous.maximum, maximum)
         count += previous.count
         blobs = previous.sketches or []
@@ -507,7 +511,7 @@ class AggregationSet:
 
     def needs_sketches(self, parts: int) -> bool:
         """Whether rendering the merge of `parts` stored states needs their sketch bytes."""
-        return any(k.needs_bytes_alone or parts > 1 for k in self.kinds)
+        return any(k.needs_bytes(parts) for k in self.kinds)
 
     def render(self, state: CellState | None, options: RenderOptions) -> dict[str, Number] | None:
         """The outputs of a merged state, in configured order (None: no events)."""
@@ -543,7 +547,7 @@ class Ranking:
     def needs_sketch(self, parts: int) -> bool:
         """Whether the ranked value of `parts` merged stored states needs their sketch bytes."""
         kind = self.aggregation.kind
-        return kind is not None and (kind.needs_bytes_alone or parts > 1)
+        return kind is not None and kind.needs_bytes(parts)
 
     def value(self, states: Sequence[CellState]) -> Number:
         """The ranked value of the merge of `states` (None: no events)."""

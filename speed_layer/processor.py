@@ -136,12 +136,22 @@ class SourceProcessor:
     ) -> None:
         self.plan = SourcePlan.of(settings, source)
         self.source = source
-        self.metrics = self.plan.metrics
-        self.id_bucket_ms = self.plan.id_bucket_ms
-        self.defs = self.plan.defs
         self._store = store
         self._publish = publish
         self._fences: dict[int, Fence] = {}
+
+    @property
+    def metrics(self) -> tuple[MetricPlan, ...]:
+        return self.plan.metrics
+
+    @property
+    def id_bucket_ms(self) -> int:
+        return self.plan.id_bucket_ms
+
+    @property
+    def defs(self) -> str:
+        """The metric versions this worker builds cells with (stored in each fence)."""
+        return self.plan.defs
 
     def forget(self, partition: int) -> None:
         self._fences.pop(partition, None)

@@ -13,7 +13,7 @@ import redis
 from shared.aggregations import DEFAULT_RENDER, CellState, decode_state, merge_states
 from shared.config import Settings
 from shared.db.cells import state_of_columns
-from shared.speed_view.keys import cell_of_key, cell_pattern, decode_key
+from shared.speed_view.keys import cell_key_prefix, cell_of_key, cell_pattern, decode_key
 from shared.windows import window_start
 
 Cells = dict[tuple[str, int, int, tuple[str, ...]], dict[str, Any]]
@@ -35,7 +35,7 @@ def speed_cells_of(settings: Settings, stored: Mapping[str, Mapping[bytes, bytes
     """`speed_view_cells` of sub-cells given as {cell key: {encoded key: state}}."""
     cells: Cells = {}
     for metric in settings.plans.values():
-        prefix = cell_pattern(metric.name, metric.version)[:-1]
+        prefix = cell_key_prefix(metric.name, metric.version)
         states: dict[tuple[int, int, tuple[str, ...]], list[CellState]] = defaultdict(list)
         for name, fields in stored.items():
             if not name.startswith(prefix):
