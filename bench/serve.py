@@ -351,7 +351,9 @@ async def raw_reads_ms(settings: Settings, newest: int, page: str, repeats: int 
         for _ in range(repeats):
             started = time.perf_counter()
             rows = await (await conn.execute(SERIES_SQL, params)).fetchall()
-            await view.speed.read_key(metric.name, version, speed, PARTITIONS, encode_key([page]))
+            await view.speed.read_key(
+                metric.name, version, speed, MINUTE, PARTITIONS, encode_key([page])
+            )
             timings.append((time.perf_counter() - started) * 1000)
         assert len(rows) == len(batch)
     await client.aclose()

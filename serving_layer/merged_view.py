@@ -151,6 +151,7 @@ class MergedView:
                 metric.name,
                 metric.version,
                 speed_bases,
+                base,
                 metric.source.partitions,
                 encode_key(key),
             )

@@ -63,12 +63,20 @@ class SpeedViewReader:
         return speed_status_of(has_epoch, rebuilding)
 
     async def read_key(
-        self, metric: str, version: str, starts: Sequence[int], partitions: int, key: bytes
+        self,
+        metric: str,
+        version: str,
+        starts: Sequence[int],
+        base_ms: int,
+        partitions: int,
+        key: bytes,
     ) -> tuple[str, dict[int, list[bytes]]]:
-        """Status and one key's sub-cell states per base cell start, in one call."""
+        """Status and one key's sub-cell states per base cell start (each a multiple of
+        `base_ms`), in one call."""
         if not self._available():
             return "unavailable", {}
-        args: list[Any] = [cell_key_prefix(metric, version), key, partitions, *starts]
+        args: list[Any] = [cell_key_prefix(metric, version), key, partitions, base_ms]
+        args.extend(n for run in runs_of(starts, base_ms) for n in run)
         try:
             reply = await self._script(keys=[EPOCH_KEY, REBUILDING_KEY], args=args)
         except redis.RedisError:
@@ -130,6 +138,17 @@ class SpeedViewReader:
         """Status and the encoded keys present in the given base cells."""
         status, replies = await self._each_sub_cell("hkeys", metric, version, starts, partitions)
         return status, {name for reply in replies for name in reply}
+
+
+def runs_of(starts: Sequence[int], step: int) -> list[tuple[int, int]]:
+    """`starts` as (first, count) runs of consecutive values `step` apart, in order."""
+    runs: list[tuple[int, int]] = []
+    for start in starts:
+        if runs and runs[-1][0] + runs[-1][1] * step == start:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((start, 1))
+    return runs
 
 
 def _script(name: str) -> str:
