@@ -4,8 +4,22 @@
 const $ = (id) => document.getElementById(id);
 const SVG = "http://www.w3.org/2000/svg";
 const COLORS = { batch: "#4c8dff", speed: "#ffa534", mixed: "#b57bff" };
+// One colour per group line (group_by); at most TOP_GROUPS lines are drawn.
+const PALETTE = ["#4c8dff", "#ffa534", "#2fcf8a", "#ff5d7a", "#b57bff", "#36c9d8", "#f5d90a", "#e879c6"];
 const UNITS = { s: 1e3, m: 6e4, h: 3.6e6, d: 8.64e7 };
-const state = { metrics: [], metric: null, series: null, timer: null };
+const TOP_GROUPS = PALETTE.length;
+const GROUP_LIMIT = 100;  // groups asked of the API (`limit`) when grouping; the top ones are drawn
+const KEY_LIMIT = 200;    // keys asked of the keys endpoint for the key picker and the filters
+// Steps offered besides the default (= window): these and the configured windows, when they are
+// multiples of the base window and shorter than the chosen window.
+const STEP_CHOICES = ["1m", "5m", "15m", "30m", "1h", "6h", "12h", "1d"];
+// Aggregations whose windows add up to the range's total (shown in the summary and legend).
+const ADDITIVE = new Set(["count", "sum"]);
+const state = {
+  metrics: [], metric: null, series: null, timer: null,
+  filters: {},  // dimension -> the one value it is fixed to (absent: any)
+  seq: { series: 0, keys: 0 },  // only the latest answer of each kind is drawn
+};
 
 function token() { return $("token").value.trim(); }
 
@@ -45,10 +59,19 @@ function fmt(v) {
   return Number.isInteger(v) ? String(v) : v.toFixed(2);
 }
 
+// Text placed inside HTML markup (a run's error, an API message) as text, never as markup.
+function esc(text) {
+  return String(text).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+}
+
+function errorText(error) {
+  return error.message + (error.status === 401 ? " — enter a token above" : "");
+}
+
 function showError(error) {
   const box = $("error");
   if (!error) { box.hidden = true; return; }
-  box.textContent = error.message + (error.status === 401 ? " — enter a token above" : "");
+  box.textContent = errorText(error);
   box.hidden = false;
 }
 
@@ -57,6 +80,17 @@ function option(select, value, label, selected) {
   o.value = value; o.textContent = label;
   if (selected) o.selected = true;
   select.appendChild(o);
+}
+
+function metricPath(m, what) { return `/v1/metrics/${encodeURIComponent(m.name)}/${what}?`; }
+
+// A key as the key picker's option value: its dimensions in key order.
+function keyValue(m, key) { return JSON.stringify(Object.fromEntries(m.key.map((d) => [d, key[d]]))); }
+
+function keyLabel(dims, key) { return dims.map((d) => key[d]).join(" / "); }
+
+function appendFilters(params, filters) {
+  state.metric.key.forEach((d) => { if (d in filters) params.append(d, filters[d]); });
 }
 
 function range() {
@@ -75,59 +109,212 @@ async function loadMetrics() {
   await selectMetric();
 }
 
+// On a new metric every picker starts over; on a new range (same metric) the window, step,
+// time zone, grouping and filters are kept where they still apply.
 async function selectMetric() {
   const m = state.metrics.find((x) => x.name === $("metric").value);
+  const previous = state.metric;
   state.metric = m;
   if (!m) return;
+  const changed = !previous || previous.name !== m.name || previous.key.join() !== m.key.join();
   const span = Number($("range").value);
   const win = $("window");
+  const previousWindow = changed ? null : win.value;
   win.innerHTML = "";
   const fitting = m.windows.filter((w) => span / durationMs(w) <= 1440);
-  const chosen = fitting[0] || m.windows[m.windows.length - 1];
+  const chosen = fitting.includes(previousWindow) ? previousWindow
+    : fitting[0] || m.windows[m.windows.length - 1];
   m.windows.forEach((w) => option(win, w, w, w === chosen));
   const field = $("field");
-  const previous = field.value;
+  const previousField = field.value;
   field.innerHTML = "";
-  m.aggregations.forEach((a) => option(field, a, a, a === previous || (!previous && a === "count")));
-  await loadKeys();
+  m.aggregations.forEach((a) => option(field, a, a, a === previousField || (!previousField && a === "count")));
+  if (changed) {
+    state.filters = {};
+    buildDimensionPickers(m);
+  }
+  fillSteps();
+  try { await loadKeys(); } catch (error) { showError(error); }
   await refreshSeries();
 }
 
-async function loadKeys() {
+// The group-by picker (one dimension or none) and one filter picker per key dimension.
+function buildDimensionPickers(m) {
+  const groupBy = $("group-by");
+  groupBy.innerHTML = "";
+  option(groupBy, "", "(none)", true);
+  m.key.forEach((d) => option(groupBy, d, d, false));
+  groupBy.disabled = !m.key.length;
+  const box = $("filters");
+  box.innerHTML = "";
+  m.key.forEach((d) => {
+    const label = document.createElement("label");
+    label.append(document.createTextNode(d + " "));
+    const select = document.createElement("select");
+    select.dataset.dim = d;
+    select.className = "filter";
+    option(select, "", "any", true);
+    select.addEventListener("change", onFilterPicked);
+    label.appendChild(select);
+    box.appendChild(label);
+  });
+}
+
+// Steps: the default (= window, not sent) and multiples of the base window shorter than it.
+function fillSteps() {
+  const m = state.metric;
+  const select = $("step");
+  const previous = select.value;
+  const base = Math.min(...m.windows.map(durationMs));
+  const win = durationMs($("window").value);
+  select.innerHTML = "";
+  option(select, "", "= window", true);
+  const seen = new Set();
+  [...m.windows, ...STEP_CHOICES]
+    .map((s) => [s, durationMs(s)])
+    .filter(([, ms]) => ms && ms % base === 0 && ms < win && !seen.has(ms) && seen.add(ms))
+    .sort((a, b) => a[1] - b[1])
+    .forEach(([s]) => option(select, s, s, s === previous));
+}
+
+// The key picker lists the keys passing every filter; each filter picker lists the values its
+// dimension takes among the keys passing the *other* filters (so a chosen value can be swapped
+// for another without going back to "any"). Identical requests are made once.
+async function loadKeys({ keyList = true } = {}) {
   const m = state.metric;
   const select = $("key");
-  const previous = select.value;
-  select.innerHTML = "";
   if (!m.key.length) {
+    select.innerHTML = "";
     option(select, "{}", "(global)", true);
     select.disabled = true;
     return;
   }
   select.disabled = false;
-  // The metric's total (every key merged, no dimension given) is the default choice.
-  option(select, "{}", "(all: total)", !previous || previous === "{}");
+  const seq = ++state.seq.keys;
   const { start, end } = range();
-  const body = await api(`/v1/metrics/${encodeURIComponent(m.name)}/keys?` +
-    new URLSearchParams({ start: iso(start), end: iso(end), limit: "200" }));
-  body.keys.forEach((k) => {
-    const value = JSON.stringify(k);
-    option(select, value, m.key.map((d) => k[d]).join(" / "), value === previous);
+  const requests = new Map();
+  const keysFor = (filters) => {
+    const params = new URLSearchParams({ start: iso(start), end: iso(end), limit: String(KEY_LIMIT) });
+    appendFilters(params, filters);
+    const query = params.toString();
+    if (!requests.has(query)) requests.set(query, api(metricPath(m, "keys") + query));
+    return requests.get(query);
+  };
+  const facets = await Promise.all(m.key.map((d) => {
+    const others = { ...state.filters };
+    delete others[d];
+    return keysFor(others);
+  }));
+  const matching = keyList ? await keysFor(state.filters) : null;
+  if (seq !== state.seq.keys || m !== state.metric) return;  // a newer call owns the pickers
+  m.key.forEach((d, i) => fillFilter(d, facets[i]));
+  if (matching) {
+    const previous = select.value;
+    select.innerHTML = "";
+    // The metric's total (every key merged, no dimension given) is the default choice.
+    option(select, "{}", "(all: total)", !previous || previous === "{}");
+    matching.keys.forEach((k) => {
+      const value = keyValue(m, k);
+      option(select, value, keyLabel(m.key, k), value === previous);
+    });
+  }
+  syncKeyPicker();
+}
+
+function filterSelect(dim) {
+  return [...document.querySelectorAll("#filters select")].find((s) => s.dataset.dim === dim);
+}
+
+function fillFilter(dim, body) {
+  const select = filterSelect(dim);
+  const values = [...new Set(body.keys.map((k) => k[dim]))];
+  const chosen = state.filters[dim];
+  if (chosen !== undefined && !values.includes(chosen)) values.push(chosen);
+  values.sort();
+  select.innerHTML = "";
+  option(select, "", "any", chosen === undefined);
+  values.forEach((v) => option(select, JSON.stringify(v), v, v === chosen));
+  if (body.truncated) {
+    option(select, "…", `(from the first ${body.keys.length} keys)`, false);
+    select.lastChild.disabled = true;
+  }
+}
+
+// The key picker shows the filters' state: the total, one key (every dimension fixed), or
+// "(filtered)" when only some dimensions are fixed.
+function syncKeyPicker() {
+  const m = state.metric;
+  const select = $("key");
+  if (!m || !m.key.length) return;
+  const fixed = m.key.filter((d) => d in state.filters);
+  let value = "{}";
+  if (fixed.length === m.key.length) value = keyValue(m, state.filters);
+  else if (fixed.length) value = "filtered";
+  [...select.options].filter((o) => o.value === "filtered" && value !== "filtered").forEach((o) => o.remove());
+  if (![...select.options].some((o) => o.value === value)) {
+    option(select, value, value === "filtered" ? "(filtered)" : keyLabel(m.key, state.filters), false);
+  }
+  select.value = value;
+}
+
+function onKeyPicked() {
+  const m = state.metric;
+  const value = $("key").value;
+  if (!m || value === "filtered") return;
+  state.filters = value === "{}" ? {} : JSON.parse(value);
+  m.key.forEach((d) => {
+    const select = filterSelect(d);
+    const v = state.filters[d];
+    if (v === undefined) { select.value = ""; return; }
+    if (![...select.options].some((o) => o.value === JSON.stringify(v))) option(select, JSON.stringify(v), v, false);
+    select.value = JSON.stringify(v);
   });
+  // Picking one key keeps the key list as it is; picking the total lists every key again.
+  loadKeys({ keyList: value === "{}" }).catch(showError);
+  refreshSeries();
+}
+
+function onFilterPicked(event) {
+  const dim = event.target.dataset.dim;
+  const value = event.target.value;
+  if (value === "") delete state.filters[dim];
+  else state.filters[dim] = JSON.parse(value);
+  syncKeyPicker();
+  loadKeys().catch(showError);
+  refreshSeries();
 }
 
 async function refreshSeries() {
   const m = state.metric;
-  if (!m || !$("key").value) { drawEmpty("No keys in this range"); return; }
+  if (!m) return;
+  const seq = ++state.seq.series;
   const { start, end } = range();
   const params = new URLSearchParams({ window: $("window").value, start: iso(start), end: iso(end) });
-  Object.entries(JSON.parse($("key").value)).forEach(([d, v]) => params.append(d, v));
+  appendFilters(params, state.filters);
+  const groupBy = $("group-by").value;
+  if (groupBy) {
+    params.set("group_by", groupBy);
+    params.set("limit", String(GROUP_LIMIT));
+  }
+  if ($("step").value) params.set("step", $("step").value);
+  if ($("tz").value) params.set("tz", $("tz").value);
+  const query = params.toString();
   try {
-    const body = await api(`/v1/metrics/${encodeURIComponent(m.name)}/series?` + params);
-    state.series = { body, start, end };
+    const body = await api(metricPath(m, "series") + query);
+    if (seq !== state.seq.series) return;
+    state.series = { body, start, end, query };
     showError(null);
     drawChart();
     updateHeader(body.speed_status, body.batch_watermark);
-  } catch (error) { showError(error); }
+  } catch (error) {
+    if (seq !== state.seq.series) return;
+    // The API says what it rejected (e.g. a time zone the base window cannot align to):
+    // show its message where the chart was, and in the error bar.
+    state.series = null;
+    showError(error);
+    drawEmpty(errorText(error), true);
+  }
+  $("chart").dataset.query = query;
 }
 
 function updateHeader(status, watermark) {
@@ -137,9 +324,17 @@ function updateHeader(status, watermark) {
   $("w-label").textContent = "W: " + (watermark || "none yet");
 }
 
-function drawEmpty(text) {
-  $("chart").innerHTML = `<div class="empty">${text}</div>`;
+function drawEmpty(text, isError) {
+  const box = $("chart");
+  box.innerHTML = "";
+  const div = document.createElement("div");
+  div.className = isError ? "empty chart-error" : "empty";
+  if (isError) div.id = "chart-error";
+  div.textContent = text;
+  box.appendChild(div);
   $("summary").textContent = "";
+  $("series-legend").hidden = true;
+  $("series-legend").innerHTML = "";
 }
 
 function el(name, attrs, parent) {
@@ -149,16 +344,47 @@ function el(name, attrs, parent) {
   return node;
 }
 
+// The lines to draw: one (without group_by) or the top groups (with group_by). Groups are
+// ranked by the sum of the shown aggregation over their windows (for count and sum: the range's
+// total; for the others a rough size), largest first, ties by key ascending (the API's order),
+// among the first GROUP_LIMIT groups the API returns (ascending by key; `truncated` says so).
+function seriesLines(body, field) {
+  const line = (points) => {
+    const pts = points
+      .map((p) => ({ t: Date.parse(p.start), tEnd: Date.parse(p.end), v: p[field], p }))
+      .filter((p) => p.v !== null && p.v !== undefined);
+    return { pts, total: pts.reduce((a, p) => a + p.v, 0) };
+  };
+  if (!body.groups) return [{ name: null, key: body.key, ...line(body.points) }];
+  return body.groups
+    .map((g) => ({ name: keyLabel(body.group_by, g.key), key: g.key, ...line(g.points) }))
+    .sort((a, b) => b.total - a.total)
+    .slice(0, TOP_GROUPS)
+    .map((g, i) => ({ ...g, color: PALETTE[i] }));
+}
+
+function chartTitle(body, field) {
+  let title = `${body.metric} · ${field} · ${body.window}`;
+  if (body.step) title += ` every ${body.step}`;
+  if (body.tz) title += ` · ${body.tz}`;
+  const dims = state.metric ? state.metric.key : [];
+  const filters = Object.entries(body.filters || {})
+    .map(([d, vs]) => `${d}=${vs.join("|")}`).join(", ");
+  if (body.groups) return title + ` · by ${body.group_by.join(", ")}` + (filters ? ` · ${filters}` : "");
+  if (dims.length && Object.keys(body.key).length === dims.length) return title + " · " + keyLabel(dims, body.key);
+  if (filters) return title + " · " + filters;
+  return title + (dims.length ? " · total" : "");
+}
+
 function drawChart() {
   const { body, start, end } = state.series;
   const field = $("field").value;
-  const winMs = durationMs(body.window);
-  const pts = body.points
-    .map((p) => ({ t: Date.parse(p.start), v: p[field], p }))
-    .filter((p) => p.v !== null && p.v !== undefined);
-  $("chart-title").textContent = `${body.metric} · ${field} · ${body.window}` +
-    (Object.keys(body.key).length ? " · " + Object.values(body.key).join(" / ")
-      : state.metric && state.metric.key.length ? " · total" : "");
+  const grouped = Boolean(body.groups);
+  const lines = seriesLines(body, field);
+  const all = lines.flatMap((l) => l.pts);
+  $("chart-title").textContent = chartTitle(body, field);
+  $("source-legend").hidden = grouped;
+  $("style-legend").hidden = !grouped;
   const box = $("chart");
   box.innerHTML = "";
   const width = box.clientWidth || 900, height = box.clientHeight || 340;
@@ -168,9 +394,12 @@ function drawChart() {
   const grad = el("linearGradient", { id: "fill", x1: 0, y1: 0, x2: 0, y2: 1 }, defs);
   el("stop", { offset: "0%", "stop-color": COLORS.batch, "stop-opacity": 0.35 }, grad);
   el("stop", { offset: "100%", "stop-color": COLORS.batch, "stop-opacity": 0.02 }, grad);
-  const maxV = Math.max(1e-9, ...pts.map((p) => p.v));
-  const minV = Math.min(0, ...pts.map((p) => p.v));
-  const x = (t) => pad.l + ((t - start) / (end - start)) * (width - pad.l - pad.r);
+  const maxV = Math.max(1e-9, ...all.map((p) => p.v));
+  const minV = Math.min(0, ...all.map((p) => p.v));
+  // Windows aligned to a time zone, or hopping ones, may end after the range's end.
+  const t0 = Math.min(start, ...all.map((p) => p.t));
+  const t1 = Math.max(end, ...all.map((p) => p.tEnd));
+  const x = (t) => pad.l + ((t - t0) / (t1 - t0)) * (width - pad.l - pad.r);
   const y = (v) => pad.t + (1 - (v - minV) / (maxV - minV)) * (height - pad.t - pad.b);
   const axis = el("g", { class: "axis" }, svg);
   for (let i = 0; i <= 4; i++) {
@@ -179,12 +408,22 @@ function drawChart() {
     el("text", { x: pad.l - 8, y: y(v) + 4, "text-anchor": "end" }, axis).textContent = fmt(v);
   }
   for (let i = 0; i <= 6; i++) {
-    const t = start + ((end - start) * i) / 6;
+    const t = t0 + ((t1 - t0) * i) / 6;
     el("text", { x: x(t), y: height - 8, "text-anchor": "middle" }, axis).textContent =
-      shortTime(t, end - start);
+      shortTime(t, t1 - t0);
   }
-  if (pts.length) {
-    const mid = (p) => x(p.t + winMs / 2);
+  const mid = (p) => x((p.t + p.tEnd) / 2);
+  const dot = (p, fill, r, parent, name) => {
+    const c = el("circle", { cx: mid(p), cy: y(p.v), r, fill, "data-source": p.p.source,
+      "data-start": p.p.start, class: "point" }, parent);
+    c.addEventListener("mousemove", (ev) => tooltip(ev, p.p, name));
+    c.addEventListener("mouseleave", () => { $("tooltip").hidden = true; });
+  };
+  if (!all.length) {
+    el("text", { x: width / 2, y: height / 2, "text-anchor": "middle", fill: "#8793aa" }, svg)
+      .textContent = "no data in this range";
+  } else if (!grouped) {
+    const pts = lines[0].pts;
     const line = pts.map((p, i) => `${i ? "L" : "M"}${mid(p).toFixed(1)},${y(p.v).toFixed(1)}`).join("");
     el("path", { d: `${line}L${mid(pts[pts.length - 1]).toFixed(1)},${y(minV)}L${mid(pts[0]).toFixed(1)},${y(minV)}Z`,
       fill: "url(#fill)" }, svg);
@@ -195,37 +434,100 @@ function drawChart() {
     }
     const dots = el("g", { id: "points" }, svg);
     const r = pts.length > 300 ? 1.6 : 3;
-    pts.forEach((p) => {
-      const c = el("circle", { cx: mid(p), cy: y(p.v), r, fill: COLORS[p.p.source],
-        "data-source": p.p.source, class: "point" }, dots);
-      c.addEventListener("mousemove", (ev) => tooltip(ev, p.p));
-      c.addEventListener("mouseleave", () => { $("tooltip").hidden = true; });
-    });
+    pts.forEach((p) => dot(p, COLORS[p.p.source], r, dots, null));
   } else {
-    el("text", { x: width / 2, y: height / 2, "text-anchor": "middle", fill: "#8793aa" }, svg)
-      .textContent = "no data in this range";
+    // One colour per group; a segment into a speed or mixed window is dashed.
+    lines.forEach((g) => {
+      const series = el("g", { class: "series", "data-key": g.name }, svg);
+      for (let i = 1; i < g.pts.length; i++) {
+        const seg = el("line", { x1: mid(g.pts[i - 1]), y1: y(g.pts[i - 1].v), x2: mid(g.pts[i]),
+          y2: y(g.pts[i].v), stroke: g.color, "stroke-width": 2 }, series);
+        if (g.pts[i].p.source !== "batch") seg.setAttribute("stroke-dasharray", "5 3");
+      }
+      const r = g.pts.length > 300 ? 1.4 : 2.5;
+      g.pts.forEach((p) => dot(p, g.color, r, series, g.name));
+    });
   }
   if (body.batch_watermark) {
     const w = Date.parse(body.batch_watermark);
-    const inside = w >= start && w <= end;
+    const inside = w >= t0 && w <= t1;
     const wx = Math.min(Math.max(x(w), pad.l), width - pad.r);
     const g = el("g", { id: "w-marker", "data-w": body.batch_watermark }, svg);
     el("line", { x1: wx, x2: wx, y1: pad.t, y2: height - pad.b, stroke: "#ff5d7a",
       "stroke-width": 2, "stroke-dasharray": "6 4" }, g);
     el("text", { x: wx + 6, y: pad.t + 12, fill: "#ff5d7a", "font-size": 12 }, g).textContent =
-      (inside ? "W " : w < start ? "◂ W " : "W ▸ ") + shortTime(w, 0);
+      (inside ? "W " : w < t0 ? "◂ W " : "W ▸ ") + shortTime(w, 0);
   }
-  const counts = { batch: 0, mixed: 0, speed: 0 };
-  body.points.forEach((p) => { counts[p.source] += 1; });
-  $("summary").innerHTML = `<span>points <b>${body.points.length}</b></span>` +
-    `<span>batch <b>${counts.batch}</b></span><span>mixed <b>${counts.mixed}</b></span>` +
-    `<span>speed <b>${counts.speed}</b></span>` +
-    `<span>latest ${field} <b>${pts.length ? fmt(pts[pts.length - 1].v) : "–"}</b></span>`;
+  drawLegend(grouped ? lines : [], field, body);
+  drawSummary(grouped, lines, field, body);
 }
 
-function tooltip(ev, point) {
+// A range's total is the sum of its windows' counts or sums only when windows do not overlap.
+function showsTotal(field, body) {
+  return ADDITIVE.has(field) && !(body.step && durationMs(body.step) < durationMs(body.window));
+}
+
+function drawLegend(groups, field, body) {
+  const legend = $("series-legend");
+  legend.innerHTML = "";
+  legend.hidden = !groups.length;
+  groups.forEach((g) => {
+    const entry = document.createElement("span");
+    entry.className = "entry";
+    entry.dataset.key = g.name;
+    entry.dataset.total = String(g.total);
+    const swatch = document.createElement("i");
+    swatch.style.background = g.color;
+    const name = document.createElement("span");
+    name.className = "name";
+    name.textContent = g.name;
+    entry.append(swatch, name);
+    if (showsTotal(field, body)) {
+      const total = document.createElement("b");
+      total.className = "total";
+      total.textContent = fmt(g.total);
+      entry.append(" ", total);
+    }
+    legend.appendChild(entry);
+  });
+  if (groups.length && (body.groups.length > groups.length || body.truncated)) {
+    const more = document.createElement("span");
+    more.className = "muted";
+    more.textContent = `top ${groups.length} of ${body.groups.length}${body.truncated ? "+" : ""} groups by ${field}`;
+    legend.appendChild(more);
+  }
+}
+
+function drawSummary(grouped, lines, field, body) {
+  const counts = { batch: 0, mixed: 0, speed: 0 };
+  const points = grouped ? lines.flatMap((g) => g.pts.map((p) => p.p)) : body.points;
+  points.forEach((p) => { counts[p.source] += 1; });
+  const summary = $("summary");
+  summary.innerHTML = (grouped ? `<span>groups <b id="group-count">${lines.length}</b></span>` : "") +
+    `<span>points <b>${points.length}</b></span>` +
+    `<span>batch <b>${counts.batch}</b></span><span>mixed <b>${counts.mixed}</b></span>` +
+    `<span>speed <b>${counts.speed}</b></span>`;
+  if (grouped) return;
+  const pts = lines[0].pts;
+  const latest = document.createElement("span");
+  latest.append(`latest ${field} `);
+  latest.appendChild(document.createElement("b")).textContent = pts.length ? fmt(pts[pts.length - 1].v) : "–";
+  summary.appendChild(latest);
+  if (showsTotal(field, body)) {
+    const total = document.createElement("span");
+    total.append(`total ${field} `);
+    const b = total.appendChild(document.createElement("b"));
+    b.id = "total";
+    b.dataset.value = String(lines[0].total);
+    b.textContent = fmt(lines[0].total);
+    summary.appendChild(total);
+  }
+}
+
+function tooltip(ev, point, name) {
   const tip = $("tooltip");
   const lines = [`${point.start} → ${point.end}`, `source: ${point.source}`];
+  if (name !== null) lines.unshift(name);
   Object.entries(point).forEach(([k, v]) => {
     if (!["start", "end", "source"].includes(k)) lines.push(`${k}: ${fmt(v)}`);
   });
@@ -245,7 +547,7 @@ async function refreshRuns() {
       const tr = document.createElement("tr");
       const pct = Math.round(run.progress * 100);
       tr.innerHTML = `<td>${run.run_id}</td><td>${run.mode}${run.start ? " " + run.start + "–" + run.end : ""}</td>` +
-        `<td class="status-${run.status}" title="${run.error || ""}">${run.status}</td>` +
+        `<td class="status-${run.status}" title="${esc(run.error || "")}">${run.status}</td>` +
         `<td><div class="bar" title="${pct}%"><div style="width:${pct}%"></div></div></td>` +
         `<td>${run.requested_at.slice(5, 19).replace("T", " ")}</td>` +
         `<td>${run.duration_s === null ? "–" : run.duration_s.toFixed(1) + " s"}</td><td></td>`;
@@ -260,7 +562,7 @@ async function refreshRuns() {
     });
   } catch (error) {
     const hint = error.status === 401 || error.status === 403 ? "an operator token shows runs" : error.message;
-    tbody.innerHTML = `<tr><td colspan="7" class="muted">${hint}</td></tr>`;
+    tbody.innerHTML = `<tr><td colspan="7" class="muted">${esc(hint)}</td></tr>`;
   }
 }
 
@@ -313,8 +615,11 @@ async function start() {
   });
   $("metric").addEventListener("change", () => selectMetric().catch(showError));
   $("range").addEventListener("change", () => selectMetric().catch(showError));
-  $("window").addEventListener("change", () => refreshSeries());
-  $("key").addEventListener("change", () => refreshSeries());
+  $("window").addEventListener("change", () => { fillSteps(); refreshSeries(); });
+  $("key").addEventListener("change", onKeyPicked);
+  $("group-by").addEventListener("change", () => refreshSeries());
+  $("step").addEventListener("change", () => refreshSeries());
+  $("tz").addEventListener("change", () => refreshSeries());
   $("field").addEventListener("change", () => state.series && drawChart());
   $("queue").addEventListener("click", queueRun);
   $("auto").addEventListener("change", schedule);

@@ -1,9 +1,12 @@
 """The dashboard in real headless Chromium: load it, pick a metric (its total first, every key
-merged), pick a key, see the chart with batch and speed points and the W marker; a screenshot
-is kept in artifacts/dashboard.png."""
+merged), pick a key, see the chart with batch and speed points and the W marker; group by a
+dimension, filter by dimension values, choose step and time zone, and see what the API answers
+for the same query (and its message when it rejects one). Screenshots are kept in
+artifacts/dashboard.png and artifacts/dashboard-group-by.png."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -12,8 +15,17 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+from zoneinfo import ZoneInfo
 
 import pytest
 import uvicorn
@@ -21,11 +33,26 @@ import uvicorn
 from serving_layer import create_app
 from shared.config import Settings
 from tests.conftest import Platform
-from tests.serving.views import batch_rows, publish, random_events, write_speed
+from tests.serving.views import Event, batch_rows, publish, random_events, write_speed
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(900)]  # room to install chromium
 
 MINUTE = 60_000
+HOUR = 60 * MINUTE
+GRID = "views_by_country_page"
+"""A two-dimensional metric with an hourly base window: group-by and filters have something to
+choose between, and Asia/Kolkata's midnight (18:30 UTC) is not on an hour boundary."""
+GRID_METRIC = {
+    "name": GRID,
+    "source": "pageviews",
+    "key": ["country", "page"],
+    "value": "latency_ms",
+    "aggregations": ["count", "sum", "avg", "distinct(user_id)"],
+    "windows": ["1h", "1d"],
+    "grace": "2m",
+}
+COUNTRIES = ["ar", "br", "ca", "de", "es", "fr", "in", "jp", "nl", "us"]
+PAGES = ["/", "/home", "/search", "/cart"]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 CHROME_FLAGS = [
     "--headless=new",
@@ -59,42 +86,94 @@ def _chromium() -> tuple[str, str]:
     return browser, driver
 
 
+class _Recorder:
+    """ASGI wrapper keeping `path?query` of every HTTP request the app gets, exactly as sent,
+    so a test can assert on the URLs the page requested."""
+
+    def __init__(self, app: Any, requests: list[str]) -> None:
+        self.app, self.requests = app, requests
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            query = scope.get("query_string", b"").decode("latin-1")
+            self.requests.append(scope["path"] + ("?" + query if query else ""))
+        await self.app(scope, receive, send)
+
+
+@dataclass
+class Site:
+    url: str
+    events: dict[str, list[Event]]
+    """The events each metric's cells were written from (the brute-force reference)."""
+    requests: list[str] = field(default_factory=list)
+    """`path?query` of every request the app received, in order."""
+
+    def get(self, path_query: str) -> tuple[int, Any]:
+        """The API's own answer to a request (status, JSON body)."""
+        try:
+            with urllib.request.urlopen(self.url + path_query, timeout=30) as response:
+                return response.status, json.load(response)
+        except urllib.error.HTTPError as error:
+            return error.code, json.load(error)
+
+
+def _grid_events(rng: random.Random, start: int, end: int, n: int) -> list[Event]:
+    """Events keyed (country, page), countries with distinct weights (clear top groups)."""
+    weights = list(range(1, len(COUNTRIES) + 1))
+    rng.shuffle(weights)
+    return [
+        Event(
+            rng.randrange(start, end),
+            (rng.choices(COUNTRIES, weights)[0], rng.choice(PAGES)),
+            round(rng.uniform(-50, 500), 3),
+            f"u{rng.randrange(300)}",
+        )
+        for _ in range(n)
+    ]
+
+
 @pytest.fixture
-def server(platform: Platform) -> Iterator[str]:
-    settings: Settings = platform.settings
+def server(platform: Platform) -> Iterator[Site]:
+    config = {**platform.config, "metrics": [*platform.config["metrics"], GRID_METRIC]}
+    settings = Settings(**config)
     now = int(time.time() * 1000) // MINUTE * MINUTE
-    watermark = now - 90 * MINUTE
     events = random_events(
         random.Random(1), now - 6 * 60 * MINUTE, now, 4000, ["/", "/home", "/search", "/cart"]
     )
+    site_events: dict[str, list[Event]] = {}
     rows, ws = [], {}
     for metric in settings.plans.values():
-        rows += batch_rows(settings, metric, events, watermark)
+        if metric.name == GRID:
+            mine = _grid_events(random.Random(2), now - 24 * HOUR, now, 3000)
+            watermark = (now - 3 * HOUR) // HOUR * HOUR
+        else:
+            mine, watermark = events, now - 90 * MINUTE
+        site_events[metric.name] = mine
+        rows += batch_rows(settings, metric, mine, watermark)
         ws[metric.name] = watermark
-        write_speed(settings, metric, events, watermark)
+        write_speed(settings, metric, mine, watermark)
     publish(settings, rows, ws)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
-    uv = uvicorn.Server(config)
+    site = Site(f"http://127.0.0.1:{port}", site_events)
+    app = _Recorder(create_app(settings), site.requests)
+    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
     while not uv.started and time.monotonic() < deadline:
         time.sleep(0.05)
     assert uv.started, "uvicorn did not start"
-    yield f"http://127.0.0.1:{port}"
+    yield site
     uv.should_exit = True
     thread.join(10)
 
 
-def test_dashboard_shows_chart_with_w_marker(server: str) -> None:
+@pytest.fixture
+def driver() -> Iterator[Any]:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as ec
-    from selenium.webdriver.support.ui import Select, WebDriverWait
 
     browser, driver_path = _chromium()
     options = webdriver.ChromeOptions()
@@ -102,47 +181,254 @@ def test_dashboard_shows_chart_with_w_marker(server: str) -> None:
     profile = tempfile.mkdtemp(prefix="lp-chrome-")
     for flag in [*CHROME_FLAGS, f"--user-data-dir={profile}"]:
         options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    chrome = webdriver.Chrome(service=Service(driver_path), options=options)
     try:
-        driver.get(server + "/")
-        wait = WebDriverWait(driver, 20)
-        wait.until(lambda d: len(Select(d.find_element(By.ID, "metric")).options) == 2)
-        Select(driver.find_element(By.ID, "metric")).select_by_value("views_by_page")
-        wait.until(
-            lambda d: (
-                Select(d.find_element(By.ID, "key")).first_selected_option.text == "(all: total)"
-            )
-        )
-        wait.until(lambda d: "total" in d.find_element(By.ID, "chart-title").text)
-        Select(driver.find_element(By.ID, "key")).select_by_visible_text("/home")
-        wait.until(ec.presence_of_element_located((By.ID, "w-marker")))
-        wait.until(lambda d: "/home" in d.find_element(By.ID, "chart-title").text)
-        sources = {
-            c.get_attribute("data-source")
-            for c in driver.find_elements(By.CSS_SELECTOR, "#points circle")
-        }
-        assert sources == {"batch", "speed"}
-        marker = driver.find_element(By.ID, "w-marker")
-        assert marker.get_attribute("data-w")
-        assert marker.find_element(By.TAG_NAME, "text").text.startswith("W ")
-        assert "speed: ok" in driver.find_element(By.ID, "speed-status").text
-        Select(driver.find_element(By.ID, "field")).select_by_value("avg")
-        wait.until(lambda d: "avg" in d.find_element(By.ID, "chart-title").text)
-        driver.find_element(By.ID, "queue").click()
-        wait.until(lambda d: "queued" in d.find_element(By.ID, "run-message").text)
-        wait.until(
-            lambda d: (
-                "full" in d.find_element(By.ID, "runs").text
-                or "incremental" in d.find_element(By.ID, "runs").text
-            )
-        )
-        Select(driver.find_element(By.ID, "field")).select_by_value("count")
-        wait.until(lambda d: "count" in d.find_element(By.ID, "chart-title").text)
-        assert driver.find_element(By.ID, "error").get_attribute("hidden") is not None
-        ARTIFACTS.mkdir(exist_ok=True)
-        driver.save_screenshot(str(ARTIFACTS / "dashboard.png"))
-        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
-        assert errors == []
+        yield chrome
     finally:
-        driver.quit()
+        chrome.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+def test_dashboard_shows_chart_with_w_marker(server: Site, driver: Any) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    driver.get(server.url + "/")
+    wait = WebDriverWait(driver, 20)
+    wait.until(lambda d: len(Select(d.find_element(By.ID, "metric")).options) == 3)
+    Select(driver.find_element(By.ID, "metric")).select_by_value("views_by_page")
+    wait.until(
+        lambda d: Select(d.find_element(By.ID, "key")).first_selected_option.text == "(all: total)"
+    )
+    wait.until(lambda d: "total" in d.find_element(By.ID, "chart-title").text)
+    Select(driver.find_element(By.ID, "key")).select_by_visible_text("/home")
+    wait.until(ec.presence_of_element_located((By.ID, "w-marker")))
+    wait.until(lambda d: "/home" in d.find_element(By.ID, "chart-title").text)
+    sources = {
+        c.get_attribute("data-source")
+        for c in driver.find_elements(By.CSS_SELECTOR, "#points circle")
+    }
+    assert sources == {"batch", "speed"}
+    marker = driver.find_element(By.ID, "w-marker")
+    assert marker.get_attribute("data-w")
+    assert marker.find_element(By.TAG_NAME, "text").text.startswith("W ")
+    assert "speed: ok" in driver.find_element(By.ID, "speed-status").text
+    Select(driver.find_element(By.ID, "field")).select_by_value("avg")
+    wait.until(lambda d: "avg" in d.find_element(By.ID, "chart-title").text)
+    driver.find_element(By.ID, "queue").click()
+    wait.until(lambda d: "queued" in d.find_element(By.ID, "run-message").text)
+    wait.until(
+        lambda d: (
+            "full" in d.find_element(By.ID, "runs").text
+            or "incremental" in d.find_element(By.ID, "runs").text
+        )
+    )
+    Select(driver.find_element(By.ID, "field")).select_by_value("count")
+    wait.until(lambda d: "count" in d.find_element(By.ID, "chart-title").text)
+    assert driver.find_element(By.ID, "error").get_attribute("hidden") is not None
+    ARTIFACTS.mkdir(exist_ok=True)
+    driver.save_screenshot(str(ARTIFACTS / "dashboard.png"))
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert errors == []
+
+
+def _shown(driver: Any, wait: Any, ready: Callable[[dict[str, list[str]]], bool]) -> str:
+    """The query string of the series answer the chart shows (or the error it shows), once it
+    is one `ready` accepts."""
+    from selenium.webdriver.common.by import By
+
+    def shown(d: Any) -> str | bool:
+        query = d.find_element(By.ID, "chart").get_attribute("data-query") or ""
+        return query if query and ready(parse_qs(query)) else False
+
+    result: str = wait.until(shown)
+    return result
+
+
+def _ms(text: str) -> int:
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def _total(points: list[dict[str, Any]], field: str = "count") -> float:
+    return sum(p[field] for p in points)
+
+
+def test_dashboard_group_by_filters_step_and_tz(server: Site, driver: Any) -> None:
+    """What a user sees for group-by, filters, step and time zone is what the API answers for
+    the same query the page sent (and what the events say), and a rejected combination shows
+    the API's own message."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    def pick(element_id: str, text: str) -> None:
+        Select(driver.find_element(By.ID, element_id)).select_by_visible_text(text)
+
+    def pick_filter(dim: str, text: str) -> None:
+        element = driver.find_element(By.CSS_SELECTOR, f'#filters select[data-dim="{dim}"]')
+        Select(element).select_by_visible_text(text)
+
+    def filter_values(dim: str) -> list[str]:
+        element = driver.find_element(By.CSS_SELECTOR, f'#filters select[data-dim="{dim}"]')
+        return [o.text for o in Select(element).options if o.text != "any"]
+
+    def selected(element_id: str) -> str:
+        return str(Select(driver.find_element(By.ID, element_id)).first_selected_option.text)
+
+    def text(element_id: str) -> str:
+        return str(driver.find_element(By.ID, element_id).text)
+
+    series = f"/v1/metrics/{GRID}/series?"
+    keys = f"/v1/metrics/{GRID}/keys?"
+    events = server.events[GRID]
+    driver.get(server.url + "/")
+    wait = WebDriverWait(driver, 20)
+    wait.until(lambda d: len(Select(d.find_element(By.ID, "metric")).options) == 3)
+    pick("metric", GRID)
+    wait.until(lambda d: GRID in d.find_element(By.ID, "chart-title").text)
+    assert selected("key") == "(all: total)"
+    assert [o.text for o in Select(driver.find_element(By.ID, "group-by")).options] == [
+        "(none)",
+        "country",
+        "page",
+    ]
+    assert selected("tz") == "UTC" and selected("step") == "= window"
+
+    # -- group by country over the last day: one line and one legend entry per top group.
+    pick("range", "last day")
+    _shown(driver, wait, lambda q: _ms(q["end"][0]) - _ms(q["start"][0]) == 24 * HOUR)
+    pick("group-by", "country")
+    query = _shown(driver, wait, lambda q: q.get("group_by") == ["country"])
+    assert series + query in server.requests  # what the page sent, as the server received it
+    params = parse_qs(query)
+    assert params["limit"] == ["100"] and params["window"] == ["1h"]
+    assert "step" not in params and "tz" not in params
+    status, answer = server.get(series + query)
+    assert status == 200 and answer["truncated"] is False
+    totals = {g["key"]["country"]: _total(g["points"]) for g in answer["groups"]}
+    start, end = _ms(params["start"][0]), _ms(params["end"][0])
+    assert totals == Counter(e.key[0] for e in events if start <= e.time_ms < end)
+    assert len(totals) == len(COUNTRIES)
+    top = sorted(totals, key=lambda k: (-totals[k], k))[:8]  # the dashboard's rule
+    entries = driver.find_elements(By.CSS_SELECTOR, "#series-legend .entry")
+    assert [e.find_element(By.CLASS_NAME, "name").text for e in entries] == top
+    assert [float(e.get_attribute("data-total")) for e in entries] == [totals[k] for k in top]
+    assert [e.find_element(By.CLASS_NAME, "total").text for e in entries] == [
+        str(totals[k]) for k in top
+    ]
+    lines = driver.find_elements(By.CSS_SELECTOR, "#chart-svg g.series")
+    assert [g.get_attribute("data-key") for g in lines] == top
+    points = {g["key"]["country"]: [p["start"] for p in g["points"]] for g in answer["groups"]}
+    for line in lines:
+        drawn = [c.get_attribute("data-start") for c in line.find_elements(By.TAG_NAME, "circle")]
+        assert drawn == points[line.get_attribute("data-key")]
+    assert text("group-count") == "8"
+    assert "top 8 of 10 groups by count" in text("series-legend")
+    assert "by country" in text("chart-title")
+    ARTIFACTS.mkdir(exist_ok=True)
+    driver.save_screenshot(str(ARTIFACTS / "dashboard-group-by.png"))
+
+    # -- filter country=de: the series and keys requests carry it; the total is the API's.
+    pick("group-by", "(none)")
+    _shown(driver, wait, lambda q: "group_by" not in q)
+    sent = len(server.requests)
+    pick_filter("country", "de")
+    query = _shown(driver, wait, lambda q: q.get("country") == ["de"])
+    params = parse_qs(query)
+    assert "page" not in params and "group_by" not in params
+    start, end = _ms(params["start"][0]), _ms(params["end"][0])
+    status, answer = server.get(series + query)
+    assert status == 200 and answer["key"] == {"country": "de"}
+    expected = _total(answer["points"])
+    assert expected == sum(1 for e in events if e.key[0] == "de" and start <= e.time_ms < end)
+    assert float(driver.find_element(By.ID, "total").get_attribute("data-value")) == expected
+    assert text("total") == str(expected)
+    assert "country=de" in text("chart-title")
+    # The page picker offers the pages seen with country=de: the keys endpoint's answer to
+    # the keys request the page sent with that filter.
+    wait.until(lambda d: any(r.startswith(keys) for r in server.requests[sent:]))
+    assert series + query in server.requests[sent:]
+    sent_keys = [r for r in server.requests[sent:] if r.startswith(keys)]
+    filtered = [r for r in sent_keys if parse_qs(r.partition("?")[2]).get("country") == ["de"]]
+    assert filtered, sent_keys
+    status, found = server.get(filtered[-1])
+    assert status == 200
+    pages = sorted({k["page"] for k in found["keys"]})
+    assert pages and all(k["country"] == "de" for k in found["keys"])
+    wait.until(lambda d: filter_values("page") == pages)
+    assert selected("key") == "(filtered)"
+    # Fixing the other dimension too names one key; the key picker shows it.
+    pick_filter("page", "/home")
+    query = _shown(driver, wait, lambda q: q.get("page") == ["/home"] and "country" in q)
+    status, answer = server.get(series + query)
+    assert status == 200 and answer["key"] == {"country": "de", "page": "/home"}
+    wait.until(lambda d: selected("key") == "de / /home")
+    assert float(driver.find_element(By.ID, "total").get_attribute("data-value")) == _total(
+        answer["points"]
+    )
+    assert "de / /home" in text("chart-title")
+    # The key picker's total clears every filter.
+    pick("key", "(all: total)")
+    _shown(driver, wait, lambda q: "country" not in q and "page" not in q)
+    wait.until(lambda d: filter_values("country") == COUNTRIES)
+    for dim in ("country", "page"):
+        element = driver.find_element(By.CSS_SELECTOR, f'#filters select[data-dim="{dim}"]')
+        assert Select(element).first_selected_option.text == "any"
+    assert "total" in text("chart-title")
+
+    # -- step: 1d windows every 6h are sent and drawn as the API answers them.
+    pick("window", "1d")
+    options = [o.text for o in Select(driver.find_element(By.ID, "step")).options]
+    assert options == ["= window", "1h", "6h", "12h"]
+    pick("step", "6h")
+    query = _shown(driver, wait, lambda q: q.get("step") == ["6h"] and q["window"] == ["1d"])
+    assert series + query in server.requests
+    status, answer = server.get(series + query)
+    assert status == 200 and answer["step"] == "6h"
+    drawn = [
+        c.get_attribute("data-start")
+        for c in driver.find_elements(By.CSS_SELECTOR, "#points circle")
+    ]
+    assert drawn == [p["start"] for p in answer["points"]] and len(drawn) >= 2
+    assert {_ms(b) - _ms(a) for a, b in pairwise(drawn)} == {6 * HOUR}
+    assert "every 6h" in text("chart-title")
+    assert not driver.find_elements(By.ID, "total")  # overlapping windows have no total
+
+    # -- tz: Berlin days over the last 7 days start at Berlin's midnight.
+    pick("step", "= window")
+    pick("range", "last 7 days")
+    pick("tz", "Europe/Berlin")
+    query = _shown(driver, wait, lambda q: q.get("tz") == ["Europe/Berlin"])
+    assert "step" not in parse_qs(query) and parse_qs(query)["window"] == ["1d"]
+    assert series + query in server.requests
+    status, answer = server.get(series + query)
+    assert status == 200 and answer["tz"] == "Europe/Berlin"
+    drawn = [
+        c.get_attribute("data-start")
+        for c in driver.find_elements(By.CSS_SELECTOR, "#points circle")
+    ]
+    assert drawn == [p["start"] for p in answer["points"]] and drawn
+    berlin = ZoneInfo("Europe/Berlin")
+    for start_text in drawn:
+        local = datetime.fromtimestamp(_ms(start_text) / 1000, berlin)
+        assert (local.hour, local.minute) == (0, 0), start_text
+    assert "Europe/Berlin" in text("chart-title")
+
+    # -- a combination the API rejects: its message is shown, nothing breaks.
+    pick("tz", "Asia/Kolkata")
+    query = _shown(driver, wait, lambda q: q.get("tz") == ["Asia/Kolkata"])
+    status, answer = server.get(series + query)
+    assert status == 400 and "Asia/Kolkata" in answer["detail"]
+    wait.until(lambda d: d.find_element(By.ID, "error").is_displayed())
+    assert text("error") == f"400: {answer['detail']}"
+    assert text("chart-error") == f"400: {answer['detail']}"
+    pick("tz", "UTC")
+    _shown(driver, wait, lambda q: "tz" not in q)
+    assert not driver.find_element(By.ID, "error").is_displayed()
+    assert driver.find_elements(By.CSS_SELECTOR, "#points circle")
+    errors = [
+        e
+        for e in driver.get_log("browser")
+        if e["level"] == "SEVERE" and "Asia%2FKolkata" not in e["message"]
+    ]
+    assert errors == []
