@@ -22,7 +22,7 @@ from shared.aggregations import (
     spark_plain_partial,
 )
 from shared.config import SourceConfig
-from shared.metric_plan import MetricPlan
+from shared.metric_plan import MetricPlan, read_plans
 
 
 @dataclass
@@ -134,6 +134,32 @@ def base_cells(events: DataFrame, metrics: Sequence[MetricPlan]) -> DataFrame:
             ],
         )
     )
+
+
+def with_rollups(base: DataFrame, metrics: Sequence[MetricPlan]) -> DataFrame:
+    """The base cells, each also as a row of every rollup of its metric (the key projected on
+    the rollup's dimensions): `cells_of` then merges them with every window's roll-up, so a
+    rollup costs one more row per parent base cell and no aggregation of its own."""
+    rollups = [m for m in metrics if m.rollup is not None]
+    if not rollups:
+        return base
+
+    def as_rows(parent: MetricPlan) -> Column:
+        rows = [F.struct(F.lit(parent.name).alias("metric"), F.col("key").alias("key"))]
+        rows += [
+            F.struct(
+                F.lit(r.name).alias("metric"),
+                F.array(*[F.col("key")[i] for i in r.rollup.positions])
+                .cast("array<string>")
+                .alias("key"),
+            )
+            for r in rollups
+            if r.rollup is not None and r.rollup.parent == parent.name
+        ]
+        return F.array(*rows)
+
+    rest = [c for c in base.columns if c not in ("metric", "key")]
+    return base.select(F.inline(_per_metric(read_plans(metrics), as_rows)), *rest)
 
 
 def _per_metric(metrics: Sequence[MetricPlan], column: Callable[[MetricPlan], Column]) -> Column:
@@ -319,6 +345,7 @@ def aggregate_source(
     rows before it, if any, are read only to find `rebuild_from`), `previous_index` (the served
     rebuild index) and `seen_ids` (the id table lookup).
     Range runs pass `time_range`: only events in `[start, end)` are aggregated."""
+    read = read_plans(metrics)
     rows = rows.persist()
     try:
         is_valid = F.col("malformed").isNull()
@@ -331,7 +358,7 @@ def aggregate_source(
                 F.count(F.when(is_fresh, F.col("malformed"))).alias("malformed"),
                 *[
                     F.count(F.when(is_fresh, F.col(f"s{i}"))).alias(f"s{i}")
-                    for i in range(len(metrics))
+                    for i in range(len(read))
                 ],
             )
             .collect()
@@ -355,7 +382,7 @@ def aggregate_source(
         rebuild_from = {p: min(o for _, o in pairs) for p, pairs in rebuild_index.items()}
         skipped = {
             m.name: total
-            for i, m in enumerate(metrics)
+            for i, m in enumerate(read)
             if (total := sum(row[f"s{i}"] for row in summary))
         }
         events = rows.where(is_valid & is_fresh)
@@ -378,7 +405,8 @@ def aggregate_source(
             )
         cells = pa.table({})
         if metrics:
-            cells = cells_of(base_cells(events, metrics), metrics).toArrow()
+            base = with_rollups(base_cells(events, read), metrics)
+            cells = cells_of(base, metrics).toArrow()
         return SourceResult(
             cells=cells,
             ids=ids_table,

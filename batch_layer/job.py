@@ -29,7 +29,7 @@ from shared.config import RunMode, Settings, SourceConfig
 from shared.db.connect import connect
 from shared.db.runs import RunRecord, get_run, mark_failed, try_runner_lock
 from shared.db.served import ServedView
-from shared.metric_plan import versions_of
+from shared.metric_plan import read_plans, versions_of
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,8 @@ def _read_and_aggregate(
         .option("bootstrap", settings.kafka.bootstrap_servers)
         .option("source", source.model_dump_json())
         .option(
-            "metrics", orjson.dumps([m.config.model_dump(mode="json") for m in metrics]).decode()
+            "metrics",
+            orjson.dumps([m.config.model_dump(mode="json") for m in read_plans(metrics)]).decode(),
         )
         .option("slices", orjson.dumps(slices).decode())
         .option("fast_path", "true" if settings.spark.fast_path else "false")

@@ -47,7 +47,7 @@ class SlicedResult:
     speed_status: str
     batch_cells: int
     speed_states: int
-    groups: dict[tuple[str, ...], list[Point]] = field(default_factory=dict)
+    groups: dict[tuple[str, ...], list[RenderedPoint]] = field(default_factory=dict)
     """Each group's points, ascending by start."""
 
 

@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.config import Settings
 from shared.db.served import read_served
+from shared.metric_plan import read_plans
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ class WatermarkAgeCollector(Collector):
             served = None
         if served is not None:
             now_ms = time.time() * 1000
-            for metric in self._settings.plans.values():
+            for metric in read_plans(self._settings.plans.values()):
                 w = served.watermark(metric.name, metric.version)
                 if w is not None:
                     gauge.add_metric([metric.name], (now_ms - w) / 1000)

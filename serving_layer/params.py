@@ -14,15 +14,31 @@ from serving_layer.windowing import WindowSpec
 from shared.aggregations import DEFAULT_RENDER, Ranking, RenderOptions, parse_quantiles
 from shared.config import Settings
 from shared.durations import format_duration, parse_duration
-from shared.metric_plan import MetricPlan
+from shared.metric_plan import MetricPlan, rollup_name
 
 
 def metric_of(settings: Settings, name: str) -> MetricPlan:
     metric = settings.plan(name)
-    if metric is None:
+    if metric is None or metric.rollup is not None:
         known = ", ".join(m.name for m in settings.metrics) or "none"
         raise not_found(f"unknown metric {name!r}; configured metrics: {known}")
     return metric
+
+
+def answering_plan(
+    settings: Settings, metric: MetricPlan, selection: Selection
+) -> tuple[MetricPlan, Selection]:
+    """What a query reads: the smallest of `metric`'s rollups that keeps every dimension the
+    query filters or groups by (fewest dimensions: fewest cells), with the selection over its
+    key; the metric itself when none does."""
+    used = selection.used
+    covering = [dims for dims in metric.rollups if used <= set(dims)]
+    if not covering:
+        return metric, selection
+    dims = min(covering, key=len)
+    plan = settings.plan(rollup_name(metric.name, dims))
+    assert plan is not None, "compile_plans compiles every rollup"
+    return plan, selection.onto(dims)
 
 
 def window_of(metric: MetricPlan, text: str) -> int:

@@ -34,7 +34,9 @@ def problems(*codes: int) -> dict[int | str, dict[str, object]]:
 class MetricInfo(BaseModel):
     name: str
     source: str
-    key: list[str] = Field(description="key dimensions; each is a required query parameter")
+    key: list[str] = Field(
+        description="key dimensions: each may be fixed (`dim=value`) or grouped (`group_by`)"
+    )
     value: str | None
     aggregations: list[str] = Field(
         description="the point fields by default, e.g. count, distinct_user_id, p50, p99"
@@ -43,6 +45,10 @@ class MetricInfo(BaseModel):
     windows: list[str]
     grace: str
     version: str
+    rollups: list[list[str]] = Field(
+        description="key subsets pre-aggregated: a query keeping only these dimensions (as "
+        "filters or group_by) is answered from them"
+    )
 
 
 class MetricList(BaseModel):

@@ -33,6 +33,15 @@ class Selection:
         return tuple(next(iter(fixed[d])) for d in self.dims)
 
     @property
+    def used(self) -> frozenset[str]:
+        """The dimensions the query filters or groups by (a rollup must keep them)."""
+        return frozenset((*(d for d, _ in self.filters), *self.group_by))
+
+    def onto(self, dims: tuple[str, ...]) -> Selection:
+        """The same selection over a rollup's key `dims` (which holds every `used` one)."""
+        return Selection(dims, tuple(f for f in self.filters if f[0] in dims), self.group_by)
+
+    @property
     def fixed(self) -> dict[str, str]:
         """The dimensions fixed to one value (an answer's `key` without `group_by`)."""
         return {d: next(iter(v)) for d, v in self.filters if len(v) == 1}

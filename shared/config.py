@@ -17,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -92,6 +93,9 @@ class MetricConfig(_Strict):
     aggregations: tuple[str, ...] = ("count",)
     windows: tuple[Duration, ...]
     grace: Duration = 0
+    rollups: tuple[tuple[str, ...], ...] = ()
+    """Subsets of `key` both layers pre-aggregate like the full key (`[]`: the total), so a
+    query merging over the other dimensions reads few cells; normalized to key order."""
 
     @field_validator("name")
     @classmethod
@@ -112,6 +116,28 @@ class MetricConfig(_Strict):
         if len(set(dims)) != len(dims):
             raise ValueError("key dimensions must be distinct")
         return dims
+
+    @field_validator("rollups")
+    @classmethod
+    def _valid_rollups(
+        cls, rollups: tuple[tuple[str, ...], ...], info: ValidationInfo
+    ) -> tuple[tuple[str, ...], ...]:
+        key: tuple[str, ...] = info.data.get("key", ())
+        normalized: list[tuple[str, ...]] = []
+        for dims in rollups:
+            if len(set(dims)) != len(dims) or any(d not in key for d in dims):
+                raise ValueError(
+                    f"rollup {list(dims)} must list distinct dimensions of the key {list(key)}"
+                )
+            ordered = tuple(d for d in key if d in dims)
+            if len(ordered) == len(key):
+                raise ValueError(
+                    f"rollup {list(dims)} is the whole key, which is always stored; drop it"
+                )
+            if ordered in normalized:
+                raise ValueError(f"rollup {list(dims)} is listed twice")
+            normalized.append(ordered)
+        return tuple(normalized)
 
     @field_validator("aggregations")
     @classmethod

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from types import MappingProxyType
 
@@ -46,6 +46,11 @@ class MetricPlan:
     fields_read: tuple[str, ...]
     """The event fields the metric reads besides the source's time and id fields: key
     dimensions, the value field, then the sketches' fields, each once."""
+    rollups: tuple[tuple[str, ...], ...] = ()
+    """The key subsets pre-aggregated for this metric, each stored as its own plan (named by
+    `rollup_name`)."""
+    rollup: Rollup | None = None
+    """Set on a rollup's own plan: whose cells it merges over the dimensions it leaves out."""
 
     @property
     def kinds(self) -> tuple[SketchKind, ...]:
@@ -73,6 +78,29 @@ class MetricPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class Rollup:
+    """A rollup of a metric: the parent's cells with the key projected on `dims` and merged.
+    Both layers build it from what they built for the parent (its validated, de-duplicated,
+    non-late inputs), so it answers exactly what merging the parent's keys would — it is not
+    read from the events a second time and has no skips or late events of its own."""
+
+    parent: str
+    dims: tuple[str, ...]
+    positions: tuple[int, ...]
+    """Where each of `dims` sits in the parent's key."""
+
+    def project(self, key: tuple[str, ...]) -> tuple[str, ...]:
+        """A parent key's rollup key."""
+        return tuple(key[i] for i in self.positions)
+
+
+def rollup_name(metric: str, dims: tuple[str, ...]) -> str:
+    """The name a rollup's cells are stored under: brackets, which a configured metric name
+    cannot hold, so it never collides with one."""
+    return f"{metric}[{','.join(dims)}]"
+
+
+@dataclass(frozen=True, slots=True)
 class SketchInput:
     """The field one sketch slot is fed, and how it is checked (metric-level validity)."""
 
@@ -85,12 +113,18 @@ class SketchInput:
     """The skip reason when it holds something else."""
 
 
-def _version(metric: MetricConfig, source: SourceConfig) -> str:
-    """The one hash of a metric's definition in the code base; see `MetricPlan.version`."""
-    definition = {
-        "metric": metric.model_dump(mode="json"),
+def _version(
+    metric: MetricConfig, source: SourceConfig, rollup: tuple[str, ...] | None = None
+) -> str:
+    """The one hash of a metric's definition in the code base; see `MetricPlan.version`. A
+    metric without rollups hashes as it did before rollups existed; a rollup's plan hashes its
+    parent's definition and its dimensions."""
+    definition: dict[str, object] = {
+        "metric": metric.model_dump(mode="json", exclude=set() if metric.rollups else {"rollups"}),
         "source": source.model_dump(mode="json", exclude={"partitions"}),
     }
+    if rollup is not None:
+        definition["rollup"] = list(rollup)
     digest = hashlib.sha256(orjson.dumps(definition, option=orjson.OPT_SORT_KEYS))
     return digest.hexdigest()[:12]
 
@@ -127,6 +161,23 @@ def compile_plan(metric: MetricConfig, source: SourceConfig) -> MetricPlan:
         grace_ms=metric.grace,
         sketch_inputs=inputs,
         fields_read=tuple(dict.fromkeys((*metric.key, *value, *(i.field for i in inputs)))),
+        rollups=metric.rollups,
+    )
+
+
+def compile_rollups(plan: MetricPlan) -> tuple[MetricPlan, ...]:
+    """The plans of `plan`'s rollups: the parent's plan with the rollup's key, name and
+    version."""
+    return tuple(
+        replace(
+            plan,
+            name=rollup_name(plan.name, dims),
+            version=_version(plan.config, plan.source, dims),
+            key=dims,
+            rollups=(),
+            rollup=Rollup(plan.name, dims, tuple(plan.key.index(d) for d in dims)),
+        )
+        for dims in plan.rollups
     )
 
 
@@ -134,14 +185,26 @@ def compile_plan(metric: MetricConfig, source: SourceConfig) -> MetricPlan:
 def compile_plans(
     sources: tuple[SourceConfig, ...], metrics: tuple[MetricConfig, ...]
 ) -> Mapping[str, MetricPlan]:
-    """Every metric's plan by name, in configured order, compiled once per definition.
+    """Every metric's plan by name, in configured order, each followed by its rollups' plans
+    (`MetricPlan.rollup`), compiled once per definition.
 
     Cached on the (frozen, hashable) source and metric tuples rather than on the settings
     object: `Settings` itself is not hashable (it holds dicts such as `spark.conf`), and a
     cache stored on the instance would be copied, stale, by `model_copy(update=...)`. Keyed on
     the definitions, a lookup can never answer for other definitions."""
     by_name = {s.name: s for s in sources}
-    return MappingProxyType({m.name: compile_plan(m, by_name[m.source]) for m in metrics})
+    plans: dict[str, MetricPlan] = {}
+    for metric in metrics:
+        plan = compile_plan(metric, by_name[metric.source])
+        plans[plan.name] = plan
+        plans.update((r.name, r) for r in compile_rollups(plan))
+    return MappingProxyType(plans)
+
+
+def read_plans(plans: Iterable[MetricPlan]) -> tuple[MetricPlan, ...]:
+    """The plans read from the events (every configured metric; not the rollups, which are
+    built from their parents' cells)."""
+    return tuple(p for p in plans if p.rollup is None)
 
 
 def versions_of(plans: Iterable[MetricPlan]) -> dict[str, str]:

@@ -34,7 +34,7 @@ from shared.events import (
     parse_fields,
 )
 from shared.lateness import latest_late_start
-from shared.metric_plan import MetricPlan, versions_digest
+from shared.metric_plan import MetricPlan, Rollup, versions_digest
 from shared.speed_view import (
     APPLIED,
     FENCE_MOVED,
@@ -261,14 +261,19 @@ def decide(
 
     late_for: dict[int, list[str]] = {}
     groups: list[dict[tuple[int, tuple[str, ...]], list[InputFields]]] = []
+    by_name: dict[str, dict[tuple[int, tuple[str, ...]], list[InputFields]]] = {}
     for metric in plan.metrics:
         name = metric.name
+        if metric.rollup is not None:
+            groups.append(_rolled_up(by_name[metric.rollup.parent], metric.rollup))
+            continue
         base = metric.base_window_ms
         grace = metric.grace_ms
         watermark = watermarks.get(name)
         as_of_seen, bound = _NO_TIME, latest_late_start(base, grace, None, watermark)
         cells: defaultdict[tuple[int, tuple[str, ...]], list[InputFields]] = defaultdict(list)
         groups.append(cells)
+        by_name[name] = cells
         skipped: Counter[str] = Counter()
         late = 0
         for (index, time_ms, as_of, _), contribution in zip(
@@ -303,6 +308,18 @@ def decide(
         ids_key(topic, partition, bucket): members for bucket, members in new_ids.items() if members
     }
     return outcome, ApplyBatch(_merged_cells(plan.metrics, partition, groups, view), ids)
+
+
+def _rolled_up(
+    cells: Mapping[tuple[int, tuple[str, ...]], list[InputFields]], rollup: Rollup
+) -> dict[tuple[int, tuple[str, ...]], list[InputFields]]:
+    """A rollup's groups: its parent's accepted inputs regrouped by (cell, projected key), so
+    it holds exactly what merging the parent's keys would (no validity or lateness of its
+    own)."""
+    rolled: defaultdict[tuple[int, tuple[str, ...]], list[InputFields]] = defaultdict(list)
+    for (start, key), inputs in cells.items():
+        rolled[(start, rollup.project(key))].extend(inputs)
+    return rolled
 
 
 def _known_ids(

@@ -53,11 +53,12 @@ class Platform:
     """The environment a subprocess (`lambdactl ...`) needs to see this test's platform."""
 
 
-def reconfigured(platform: Platform, **sections: dict[str, Any]) -> Platform:
-    """The same platform with some config sections updated, in a config file of its own."""
+def reconfigured(platform: Platform, **sections: dict[str, Any] | list[Any]) -> Platform:
+    """The same platform with some config sections updated (a list section, e.g. `metrics`,
+    replaced), in a config file of its own."""
     config = dict(platform.config)
     for name, values in sections.items():
-        config[name] = {**config.get(name, {}), **values}
+        config[name] = values if isinstance(values, list) else {**config.get(name, {}), **values}
     path = platform.config_path.with_name(f"lambda-{uuid.uuid4().hex[:8]}.yaml")
     path.write_text(yaml.safe_dump(config))
     return Platform(Settings(**config), config, path, {**platform.env, "LAMBDA_CONFIG": str(path)})

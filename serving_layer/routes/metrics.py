@@ -9,9 +9,10 @@ from fastapi import APIRouter, Query, Request
 from serving_layer.auth import ReaderDep
 from serving_layer.deps import AsyncDbDep, ObserverDep, SettingsDep, ViewDep
 from serving_layer.errors import bad_request
-from serving_layer.merged_view import MergedView
+from serving_layer.merged_view import SlicedResult
 from serving_layer.observability import ServingMetrics
 from serving_layer.params import (
+    answering_plan,
     by_of,
     check_cells,
     metric_of,
@@ -22,7 +23,6 @@ from serving_layer.params import (
     window_of,
     window_spec_of,
 )
-from serving_layer.pools import AsyncDb
 from serving_layer.responses import JSONResponse
 from serving_layer.schemas import (
     GroupedSeriesResponse,
@@ -36,9 +36,8 @@ from serving_layer.schemas import (
 from serving_layer.selection import Selection
 from serving_layer.timefmt import format_time
 from serving_layer.windowing import WindowError, WindowSpec
-from shared.aggregations import RenderOptions
 from shared.durations import format_duration
-from shared.metric_plan import MetricPlan
+from shared.metric_plan import MetricPlan, read_plans
 from shared.windows import point_source, window_start, window_starts
 
 router = APIRouter(
@@ -88,8 +87,9 @@ def list_metrics(settings: SettingsDep) -> MetricList:
                 windows=[format_duration(w) for w in m.windows_ms],
                 grace=format_duration(m.grace_ms) if m.grace_ms else "0s",
                 version=m.version,
+                rollups=[list(dims) for dims in m.rollups],
             )
-            for m in settings.plans.values()
+            for m in read_plans(settings.plans.values())
         ]
     )
 
@@ -180,8 +180,9 @@ async def series(
     selection = selection_of(metric, request.query_params, SERIES_PARAMS, group_by)
     if not 1 <= limit <= settings.serving.max_groups:
         raise bad_request(f"limit must be between 1 and {settings.serving.max_groups}")
+    pre_rolled = step is None and tz is None and window_ms in metric.windows_ms
     key = selection.exact_key
-    if key is None or step is not None or tz is not None or window_ms not in metric.windows_ms:
+    if key is None or not pre_rolled:
         windows = spec.windows(start_ms, end_ms)
         try:
             spec.check_cells(windows, metric.base_window_ms)
@@ -191,9 +192,18 @@ async def series(
         check_cells(
             settings, span // metric.base_window_ms, "narrow [start, end) or use a larger window"
         )
-        return await _sliced_series(
-            db, view, observer, metric, spec, windows, selection, limit, options
-        )
+        plan, read = answering_plan(settings, metric, selection)
+        rolled_key = read.exact_key
+        if rolled_key is not None and pre_rolled:  # one key of a rollup: its cached exact path
+            one = await view.series(
+                db, plan, window_ms, window_starts(start_ms, end_ms, window_ms), rolled_key, options
+            )
+            sliced = SlicedResult(
+                one.watermark, one.speed_status, one.batch_cells, one.speed_states, {(): one.points}
+            )
+        else:
+            sliced = await view.sliced_series(db, plan, windows, read, options)
+        return _sliced_answer(observer, metric, spec, selection, limit, sliced)
     starts = window_starts(start_ms, end_ms, window_ms)
     check_cells(
         settings,
@@ -255,7 +265,8 @@ async def top(
     )
     start_ms = window_start(at_ms, window_ms)
     end_ms = start_ms + window_ms
-    result, ranked = await view.top(db, metric, window_ms, start_ms, ranking, selection)
+    plan, read = answering_plan(settings, metric, selection)
+    result, ranked = await view.top(db, plan, window_ms, start_ms, ranking, read)
     observer.observe_merge("top", result.batch_cells, result.speed_states)
     if result.speed_status == "unavailable":
         observer.speed_unavailable.inc()
@@ -280,20 +291,16 @@ async def top(
     return JSONResponse(body)
 
 
-async def _sliced_series(
-    db: AsyncDb,
-    view: MergedView,
+def _sliced_answer(
     observer: ServingMetrics,
     metric: MetricPlan,
     spec: WindowSpec,
-    windows: list[tuple[int, int]],
     selection: Selection,
     limit: int,
-    options: RenderOptions,
+    result: SlicedResult,
 ) -> JSONResponse:
     """A series merged over the keys passing the filters (one, or one per group), over any
     windows: of any multiple of the base cell, hopping, aligned to a time zone."""
-    result = await view.sliced_series(db, metric, windows, selection, options)
     observer.observe_merge("series", result.batch_cells, result.speed_states)
     if result.speed_status == "unavailable":
         observer.speed_unavailable.inc()

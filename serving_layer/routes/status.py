@@ -13,6 +13,7 @@ from serving_layer.schemas import MetricWatermark, PartitionLag, StatusResponse,
 from serving_layer.timefmt import format_time
 from shared.db.runs import list_runs
 from shared.db.served import read_served
+from shared.metric_plan import read_plans
 from shared.speed_view import fence_key
 from shared.speed_view import speed_status as read_speed_status
 
@@ -64,7 +65,7 @@ def status(request: Request, settings: SettingsDep, db: DbDep) -> StatusResponse
             )
     now_ms = time.time() * 1000
     metrics = []
-    for metric in settings.plans.values():
+    for metric in read_plans(settings.plans.values()):
         version = metric.version
         w = None if served is None else served.watermark(metric.name, version)
         metrics.append(

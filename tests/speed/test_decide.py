@@ -212,3 +212,43 @@ def test_any_split_into_batches_matches_the_oracle(cuts: list[int], w_minutes: i
         late.update(o.late_by_metric)
     assert {k: v for k, v in late.items() if v} == {k: v for k, v in expected.late.items() if v}
     assert fence.stream_time == expected.stream_time[("pv-decide", 0)]
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    cuts=st.lists(st.integers(1, len(SAMPLE) - 1), max_size=8, unique=True),
+    w_minutes=st.one_of(st.none(), st.integers(0, 40)),
+)
+def test_a_rollup_holds_its_parents_accepted_events_merged(
+    cuts: list[int], w_minutes: int | None
+) -> None:
+    """`views_by_page` rolled up to `[]` counts exactly the events `views_total` (the same
+    source, grace and W, no key) counts, cell by cell, whatever the batches; the parent's own
+    cells are unchanged by having a rollup."""
+    config = _config()
+    config["metrics"][0]["rollups"] = [[]]
+    plan = _plan(config)
+    bounds = [0, *sorted(cuts), len(SAMPLE)]
+    watermark = None if w_minutes is None else T0 + w_minutes * MINUTE
+    view = MemoryView()
+    _run(
+        plan,
+        view,
+        [SAMPLE[lo:hi] for lo, hi in itertools.pairwise(bounds)],
+        {m.name: watermark for m in plan.metrics},
+    )
+    cells = _cells(config, view)
+    totals = {k[1:]: v for k, v in cells.items() if k[0] == "views_total"}
+    rolled = {k[1:]: v for k, v in cells.items() if k[0] == "views_by_page[]"}
+    assert totals or watermark is not None  # a W past the sample leaves every event late
+    assert {k: (v["count"], v["distinct_user_id"]) for k, v in totals.items()} == {
+        k: (v["count"], v["distinct_user_id"]) for k, v in rolled.items() if k in totals
+    }
+    expected = oracle.compute(
+        config,
+        [oracle.Record("pv-decide", 0, r.offset, r.timestamp, r.value) for r in SAMPLE],
+        late_rule=True,
+        watermarks={} if watermark is None else {m.name: watermark for m in plan.metrics},
+    )
+    parents = {k: v for k, v in cells.items() if k[0] != "views_by_page[]"}
+    assert oracle.compare(expected.cells, parents) == []

@@ -15,9 +15,11 @@ from shared.aggregations import HLL
 from shared.config import MetricConfig, Settings, SourceConfig
 from shared.metric_plan import (
     MetricPlan,
+    Rollup,
     SketchInput,
     compile_plan,
     compile_plans,
+    read_plans,
     versions_digest,
     versions_of,
 )
@@ -209,3 +211,56 @@ def test_the_fence_digest_of_versions_is_pinned() -> None:
     plans = Settings(**config()).plans.values()
     assert versions_digest(plans) == "4b9f7d5044ae"
     assert versions_digest(reversed(list(plans))) == "4b9f7d5044ae"
+
+
+def test_rollups_compile_into_plans_of_their_own_after_their_metric() -> None:
+    with_rollups = config()
+    with_rollups["metrics"][0]["key"] = ["country", "page"]
+    with_rollups["metrics"][0]["rollups"] = [["page", "country"][1:], []]
+    settings = Settings(**with_rollups)
+    assert list(settings.plans) == [
+        "views_by_page",
+        "views_by_page[country]",
+        "views_by_page[]",
+        "views_total",
+    ]
+    parent = settings.plans["views_by_page"]
+    by_country = settings.plans["views_by_page[country]"]
+    assert parent.rollups == (("country",), ())
+    assert (by_country.key, by_country.rollup) == (
+        ("country",),
+        Rollup("views_by_page", ("country",), (0,)),
+    )
+    assert by_country.rollup.project(("de", "/home")) == ("de",)
+    assert (by_country.aggregations, by_country.windows_ms) == (
+        parent.aggregations,
+        parent.windows_ms,
+    )
+    assert len({p.version for p in settings.plans.values()}) == 4
+    assert [p.name for p in read_plans(settings.plans.values())] == [
+        "views_by_page",
+        "views_total",
+    ]
+
+
+def test_adding_a_rollup_is_a_new_version_of_the_metric() -> None:
+    rolled = config()
+    rolled["metrics"][0]["rollups"] = [[]]
+    assert plan_of(rolled).version != GOLDEN["views_by_page"]
+    assert plan_of(rolled, "views_total").version == GOLDEN["views_total"]
+
+
+@pytest.mark.parametrize(
+    ("rollups", "message"),
+    [
+        ([["user"]], "must list distinct dimensions of the key"),
+        ([["page", "page"]], "must list distinct dimensions of the key"),
+        ([["page"]], "is the whole key"),
+        ([[], []], "is listed twice"),
+    ],
+)
+def test_a_bad_rollup_is_refused_with_what_to_send(rollups: list[Any], message: str) -> None:
+    bad = config()
+    bad["metrics"][0]["rollups"] = rollups
+    with pytest.raises(ValueError, match=message):
+        Settings(**bad)
