@@ -5,7 +5,7 @@ each window composed from them and rendered by the aggregation registry, with th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -205,7 +205,9 @@ class MergedView:
         base = metric.base_window_ms
         limit = self.settings.serving.max_cells
         condition, filters = selection.sql_condition("c.key")
+        cache_name = ("sliced", metric.name, selection, options)
         plans: dict[tuple[int, int], WindowPlan] = {}
+        cached: list[dict[tuple[int, int], dict[tuple[str, ...], orjson.Fragment]]] = [{}]
 
         def plan_all(watermark: int | None) -> None:
             plans.clear()
@@ -216,7 +218,15 @@ class MergedView:
 
         def params_for(stamp: str | None, watermark: int | None) -> dict[str, Any]:
             plan_all(watermark)
-            refs = sorted({r for plan in plans.values() for r in plan.batch_cells})
+            cached[0] = self.points.get(cache_name, stamp) or {}
+            refs = sorted(
+                {
+                    r
+                    for window, plan in plans.items()
+                    if window not in cached[0]
+                    for r in plan.batch_cells
+                }
+            )
             return {
                 **filters,
                 "sizes": [r.size_ms for r in refs],
@@ -225,10 +235,12 @@ class MergedView:
             }
 
         query = SLICE_SQL.format(filters=condition)
-        served, _stamp, rows = await self.batch.guarded(db, metric, query, params_for)
+        served, stamp, rows = await self.batch.guarded(db, metric, query, params_for)
         _check_cells(len(rows), limit)
-        if served.watermark is None:
+        watermark = served.watermark
+        if watermark is None:
             plan_all(None)
+            cached[0] = {}
         batch: dict[CellRef, dict[tuple[str, ...], list[CellState]]] = {}
         for row in rows:
             if row[3] is None:
@@ -251,20 +263,20 @@ class MergedView:
                     in_cell.setdefault(selection.group_of(key), []).extend(
                         decode_state(blob, sketched) for blob in blobs
                     )
-        result = SlicedResult(served.watermark, status, len(rows), speed_states)
-        for (start, end), plan in plans.items():
-            parts: dict[tuple[str, ...], list[CellState]] = {}
-            for ref in plan.batch_cells:
-                for group, states in batch.get(ref, {}).items():
-                    parts.setdefault(group, []).extend(states)
-            for cell_start in plan.speed_cells:
-                for group, states in speed.get(cell_start, {}).items():
-                    parts.setdefault(group, []).extend(states)
-            source = point_source(start, end, served.watermark)
-            for group, states in parts.items():
-                point = _render(render_merge(metric, states, options), start, end - start, source)
-                if point is not None:
-                    result.groups.setdefault(group, []).append(point)
+        result = SlicedResult(watermark, status, len(rows), speed_states)
+        known = cached[0]
+        fresh: dict[tuple[int, int], dict[tuple[str, ...], orjson.Fragment]] = {}
+        for window, plan in plans.items():
+            points = known.get(window)
+            if points is None:
+                points = _sliced_window(metric, window, plan, batch, speed, watermark, options)
+                if watermark is not None and window[1] <= watermark:
+                    fresh[window] = points
+            for group, point in points.items():
+                result.groups.setdefault(group, []).append(point)
+        if fresh and stamp is not None:
+            entry = {**known, **fresh}
+            self.points.put(cache_name, stamp, entry, sum(map(len, entry.values())) + len(entry))
         return result
 
     async def top(
@@ -432,3 +444,31 @@ def _render(values: dict[str, Any] | None, start: int, window_ms: int, source: s
     }
     point.update(values)
     return point
+
+
+def _sliced_window(
+    metric: MetricPlan,
+    window: tuple[int, int],
+    plan: WindowPlan,
+    batch: Mapping[CellRef, Mapping[tuple[str, ...], list[CellState]]],
+    speed: Mapping[int, Mapping[tuple[str, ...], list[CellState]]],
+    watermark: int | None,
+    options: RenderOptions,
+) -> dict[tuple[str, ...], orjson.Fragment]:
+    """One window's point per group: the group's batch cells and speed sub-cells of the
+    window's plan (rule 8) merged and rendered (a group with nothing in it has no point)."""
+    start, end = window
+    parts: dict[tuple[str, ...], list[CellState]] = {}
+    for ref in plan.batch_cells:
+        for group, states in batch.get(ref, {}).items():
+            parts.setdefault(group, []).extend(states)
+    for cell_start in plan.speed_cells:
+        for group, states in speed.get(cell_start, {}).items():
+            parts.setdefault(group, []).extend(states)
+    source = point_source(start, end, watermark)
+    points = {}
+    for group, states in parts.items():
+        point = _render(render_merge(metric, states, options), start, end - start, source)
+        if point is not None:
+            points[group] = orjson.Fragment(orjson.dumps(point))
+    return points

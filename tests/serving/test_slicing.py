@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from serving_layer import create_app
 from serving_layer.timefmt import format_time, parse_time
@@ -339,3 +340,51 @@ def test_a_zone_off_the_base_cell_is_a_400_naming_the_cell_it_needs(platform: Pl
     assert response.status_code == 400, response.text
     detail = response.json()["detail"]
     assert "tz=Asia/Kolkata" in detail and "1h cell" in detail and "dividing 30m" in detail
+
+
+def test_sliced_batch_windows_are_cached_for_one_publication_only(platform: Platform) -> None:
+    """A repeated slice is answered from the cache of its batch-only windows; a publication
+    (a new served row) makes it read the new cells."""
+    settings = _settings(platform)
+    metric = settings.plan("by_country_page")
+    assert metric is not None
+    events = _events()
+    publish(settings, batch_rows(settings, metric, events, W), {metric.name: W})
+    write_speed(settings, metric, events, W)
+    span = (T0 - 12 * HOUR, T0 + 12 * HOUR)
+    params = {
+        "window": "1h",
+        "start": format_time(span[0]),
+        "end": format_time(span[1]),
+        "group_by": "country",
+    }
+
+    def batch_only(body: dict[str, Any]) -> tuple[dict, dict]:
+        got, sources = _got([((g["key"]["country"],), g["points"]) for g in body["groups"]])
+        return {c: v for c, v in got.items() if sources[c] == "batch"}, sources
+
+    def batch_rows_read(client: TestClient) -> float:
+        for family in text_string_to_metric_families(client.get("/metrics").text):
+            for sample in family.samples:
+                if sample.name == "lambda_serving_merge_cells_sum" and sample.labels == {
+                    "endpoint": "series",
+                    "layer": "batch",
+                }:
+                    return sample.value
+        return 0.0
+
+    with TestClient(create_app(settings)) as client:
+        first = client.get(SERIES, params=params).json()
+        read = batch_rows_read(client)
+        assert read > 0
+        assert client.get(SERIES, params=params).json() == first
+        # Only the window straddling W is read again: its batch cells (a few keys' minutes).
+        assert batch_rows_read(client) - read < read / 10
+        more = events + _events(seed=4)
+        publish(settings, batch_rows(settings, metric, more, W), {metric.name: W})
+        after = client.get(SERIES, params=params).json()
+    got, sources = batch_only(after)
+    assert got and set(sources.values()) == {"batch", "mixed", "speed"}
+    want, _ = _brute_series(metric, more, HOUR, span, lambda e: True, lambda e: (e.key[0],))
+    assert compare({c: v for c, v in want.items() if c[1] + HOUR <= W}, got) == []
+    assert got != batch_only(first)[0]
