@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime
 from zoneinfo import ZoneInfo
 
 from shared.durations import format_duration
@@ -46,8 +46,9 @@ class WindowSpec:
             start = self._midnight(day)
             if start >= end_ms:
                 return out
-            if start >= start_ms:
-                out.append((start, self._midnight(day + size)))
+            end = self._midnight(day + size)
+            if start >= start_ms and end > start:  # a local day a zone skipped has no window
+                out.append((start, end))
             day += step
 
     def window_at(self, at_ms: int) -> tuple[int, int]:
@@ -76,8 +77,18 @@ class WindowSpec:
         return local.date().toordinal() - _EPOCH_DAY
 
     def _midnight(self, day: int) -> int:
+        """Where local day `day` begins: its midnight, or — when a change of offset skipped
+        that midnight — the first instant whose local date is `day` or later (the end of the
+        gap; for a day a zone skipped entirely, the next day's start)."""
         local = datetime.combine(date.fromordinal(day + _EPOCH_DAY), datetime.min.time(), self.tz)
-        utc = local.astimezone(UTC)
-        if utc.astimezone(self.tz).date() != local.date():  # midnight skipped by a DST change
-            utc = (local + timedelta(hours=1)).astimezone(UTC)
-        return int(utc.timestamp() * 1000)
+        after = int(local.timestamp())  # a skipped midnight read with the earlier offset
+        if self._local_day(after * 1000) == day:
+            return after * 1000
+        before = int(local.replace(fold=1).timestamp())  # ... and with the later one
+        while before < after:  # the gap's end: the first second at or past local day `day`
+            middle = (before + after) // 2
+            if self._local_day(middle * 1000) >= day:
+                after = middle
+            else:
+                before = middle + 1
+        return after * 1000

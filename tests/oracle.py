@@ -21,6 +21,13 @@ Choices the design leaves open, made here once:
   (what DataSketches' `get_quantile(q)` estimates with inclusive ranks). A layer's answer is
   judged by rank, not value (`compare`, `ExactQuantile.accepts`): the KLL sketch bounds the
   rank error, never the value error.
+- Slicing (`view`, `series_windows`, `sliced_series`, `sliced_top`, `sliced_keys`): an answer
+  is recomputed from the events themselves — the base cells rule 8 takes from each side (every
+  valid event before W, the non-late ones after), the keys passing the filters pooled per
+  group, so a group's distinct count is that of the union of its events and its quantiles
+  those of all its values. Hopping windows start at the multiples of the step (epoch, UTC);
+  with a time zone, windows and steps of whole days are local days starting at local midnight,
+  counted from 1970-01-01 (a DST day lasts 23 or 25 hours); other sizes ignore the zone.
 """
 
 from __future__ import annotations
@@ -31,12 +38,13 @@ import re
 import time
 import uuid
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from typing import Any
+from zoneinfo import ZoneInfo
 
 Cell = tuple[str, int, int, tuple[str, ...]]
 """(metric name, window size in ms, window start in epoch ms, canonical key values)."""
@@ -339,9 +347,34 @@ def compute(
     adds the `cell_end <= W` half of that rule. A `quantiles(f)` metric's cells carry one
     `ExactQuantile` per fraction in `quantiles` (the API's `q`), named by `quantile_name`.
     """
+    fractions = _fractions(quantiles)
+    metrics = {m.name: m for m in _metrics(config)}
+    accs, malformed, skipped, late, duplicates, stream_time = _accumulate(
+        config, records, late_rule=late_rule, watermarks=watermarks, base_only=False
+    )
+    cells = {cell: _finish(metrics[cell[0]], acc, fractions) for cell, acc in accs.items()}
+    return OracleResult(cells, malformed, skipped, late, duplicates, stream_time)
+
+
+def _accumulate(
+    config: dict[str, Any],
+    records: list[Record],
+    *,
+    late_rule: bool,
+    watermarks: dict[str, int] | None,
+    base_only: bool,
+) -> tuple[
+    dict[Cell, _Acc],
+    dict[str, int],
+    dict[str, int],
+    dict[str, int],
+    int,
+    dict[tuple[str, int], int],
+]:
+    """`compute`'s walk over the records: every event of every cell (every configured window,
+    or only the base window with `base_only`), kept whole, and the counts."""
     if watermarks is not None and not late_rule:
         raise ValueError("watermarks only apply with late_rule=True")
-    fractions = _fractions(quantiles)
     sources = _sources(config)
     metrics = _metrics(config)
     accs: dict[Cell, _Acc] = {}
@@ -385,7 +418,8 @@ def compute(
                         _bump(late, metric.name)
                         continue
                 key, value, distinct, quantile = fields
-                for size in metric.windows_ms:
+                sizes = [metric.base_ms] if base_only else metric.windows_ms
+                for size in sizes:
                     cell = (metric.name, size, window_start(event_time, size), key)
                     acc = accs.setdefault(cell, _Acc())
                     acc.count += 1
@@ -395,10 +429,7 @@ def compute(
                         acc.distinct.setdefault(name, set()).add(text)
                     if quantile is not None:
                         acc.quantile_values.append(quantile)
-
-    by_name = {m.name: m for m in metrics}
-    cells = {cell: _finish(by_name[cell[0]], acc, fractions) for cell, acc in accs.items()}
-    return OracleResult(cells, malformed, skipped, late, duplicates, stream_time)
+    return accs, malformed, skipped, late, duplicates, stream_time
 
 
 def _finish(metric: _Metric, acc: _Acc, fractions: Sequence[Decimal]) -> dict[str, float | int]:
@@ -534,6 +565,295 @@ class ExactQuantile(float):
             return False
         lo, hi = self.rank_bounds(number)
         return lo - eps <= float(self.q) <= hi + eps
+
+
+# --------------------------------------------------------------------------- slicing
+
+DAY_MS = _UNITS_MS["d"]
+
+Key = tuple[str, ...]
+"""A stored key: canonical values in the metric's key order (a group: in `group_by` order)."""
+Filters = Mapping[str, Collection[str]]
+"""dimension -> the canonical values it may take (`dim=value`, repeated = any of)."""
+
+
+@dataclass
+class View:
+    """What a merged answer of one metric is composed from (rule 8), as base cells of whole
+    events: a base cell ending at or before W comes from the batch side (every valid event
+    the run read), any other from the speed side (the events rule 2 did not call late).
+    W unknown (`watermark` None, no run served): every cell from the speed side."""
+
+    metric: _Metric
+    watermark: int | None
+    batch: dict[int, dict[Key, _Acc]]
+    """Base cell start -> key -> events, over every valid event of the run's snapshot."""
+    speed: dict[int, dict[Key, _Acc]]
+    """Base cell start -> key -> events the speed layer applied (empty: Redis unreachable)."""
+    _starts: list[int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._starts = sorted(
+            {s for s in self.batch if self._side(s) is self.batch}
+            | {s for s in self.speed if self._side(s) is self.speed}
+        )
+
+    def _side(self, cell_start: int) -> dict[int, dict[Key, _Acc]]:
+        w = self.watermark
+        return self.batch if w is not None and cell_start + self.metric.base_ms <= w else self.speed
+
+    def base_cells(self, start_ms: int, end_ms: int) -> Iterator[tuple[int, Key, _Acc]]:
+        """(start, key, events) of every non-empty base cell starting in `[start_ms, end_ms)`,
+        each from the side rule 8 takes it from."""
+        first = bisect_left(self._starts, start_ms)
+        last = bisect_left(self._starts, end_ms)
+        for cell_start in self._starts[first:last]:
+            for key, acc in self._side(cell_start).get(cell_start, {}).items():
+                yield cell_start, key, acc
+
+
+def view(
+    config: dict[str, Any],
+    metric_name: str,
+    *,
+    speed_records: list[Record] | None,
+    batch_records: list[Record] | None = None,
+    watermark: int | None = None,
+) -> View:
+    """The `View` of `metric_name` the serving layer should see.
+
+    `speed_records`: every record the speed layer has read (rule 2 applied with `watermark`
+    as the W it read), or None when Redis is unreachable (batch-only answers: no speed side).
+    `batch_records`: the records of the served run's snapshot and `watermark` its W; both None
+    before any run."""
+    if (batch_records is None) != (watermark is None):
+        raise ValueError("a served batch view has both its records and its W, or neither")
+    metric = next((m for m in _metrics(config) if m.name == metric_name), None)
+    if metric is None:
+        raise ValueError(f"no metric {metric_name!r} in the config")
+
+    def by_start(cells: dict[Cell, _Acc]) -> dict[int, dict[Key, _Acc]]:
+        out: dict[int, dict[Key, _Acc]] = {}
+        for (name, _size, start, key), acc in cells.items():
+            if name == metric_name:
+                out.setdefault(start, {})[key] = acc
+        return out
+
+    batch: dict[int, dict[Key, _Acc]] = {}
+    if batch_records is not None:
+        cells = _accumulate(
+            config, batch_records, late_rule=False, watermarks=None, base_only=True
+        )[0]
+        batch = by_start(cells)
+    speed: dict[int, dict[Key, _Acc]] = {}
+    if speed_records is not None:
+        watermarks = None if watermark is None else {metric_name: watermark}
+        cells = _accumulate(
+            config, speed_records, late_rule=True, watermarks=watermarks, base_only=True
+        )[0]
+        speed = by_start(cells)
+    return View(metric, watermark, batch, speed)
+
+
+def format_duration(ms: int) -> str:
+    """`<n><unit>` in the largest unit of d, h, m, s that divides `ms` (else `<n>ms`)."""
+    for unit in ("d", "h", "m", "s"):
+        if ms and ms % _UNITS_MS[unit] == 0:
+            return f"{ms // _UNITS_MS[unit]}{unit}"
+    return f"{ms}ms"
+
+
+def local_date(t_ms: int, tz: str) -> date:
+    """The calendar date in zone `tz` at the instant `t_ms`."""
+    return datetime.fromtimestamp(t_ms / 1000, ZoneInfo(tz)).date()
+
+
+def local_midnight(day: date, tz: str) -> int:
+    """The first instant (epoch ms) whose local date in `tz` is `day`: its midnight, or the
+    first instant after a DST gap that swallows midnight. Found by bisection over the UTC
+    instants around it (a zone's offset is within a day of UTC; local dates are taken to
+    advance with time, which holds unless a change moves the clock back across midnight)."""
+    naive = (datetime.combine(day, datetime.min.time()) - _EPOCH) // timedelta(milliseconds=1)
+    lo, hi = naive - DAY_MS, naive + DAY_MS  # local_date(lo) < day <= local_date(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if local_date(mid, tz) < day:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def local_day_ms(day: date, tz: str) -> int:
+    """How long `day` lasts in `tz` (23 or 25 hours across a DST change)."""
+    return local_midnight(day + timedelta(days=1), tz) - local_midnight(day, tz)
+
+
+def series_windows(
+    start_ms: int, end_ms: int, size_ms: int, step_ms: int | None = None, tz: str | None = None
+) -> list[tuple[int, int]]:
+    """The windows `[start, end)` a series answers, ascending: those whose start lies in
+    `[start_ms, end_ms)`. A window lasts `size_ms` and a new one begins every `step_ms`
+    (default `size_ms`), aligned to the Unix epoch in UTC: window starts are the multiples of
+    the step. With `tz`, windows and steps of whole days are counted in local days instead: a
+    window starts at a local midnight, every `step` days counted from 1970-01-01 (local
+    date), and lasts `size` local days (a DST day has 23 or 25 hours); any other size or step
+    ignores `tz`."""
+    step_ms = size_ms if step_ms is None else step_ms
+    if size_ms <= 0 or step_ms <= 0:
+        raise ValueError("window and step must be positive")
+    if tz is None or size_ms % DAY_MS or step_ms % DAY_MS:
+        first = -(-start_ms // step_ms) * step_ms
+        return [(s, s + size_ms) for s in range(first, end_ms, step_ms)]
+    size_days, step_days = size_ms // DAY_MS, step_ms // DAY_MS
+    epoch_day = date(1970, 1, 1)
+    day = local_date(start_ms, tz) - timedelta(days=1)
+    windows = []
+    while (begin := local_midnight(day, tz)) < end_ms:
+        if begin >= start_ms and (day - epoch_day).days % step_days == 0:
+            windows.append((begin, local_midnight(day + timedelta(days=size_days), tz)))
+        day += timedelta(days=1)
+    return windows
+
+
+def required_base(windows: Sequence[tuple[int, int]], base_ms: int) -> int | None:
+    """None when every bound of `windows` lies on a `base_ms` cell boundary (the windows can
+    be composed of stored cells); otherwise the largest window dividing a day and every
+    bound's time of day — the base window a metric would need (30m for Asia/Kolkata)."""
+    bounds = [b for window in windows for b in window]
+    if all(b % base_ms == 0 for b in bounds):
+        return None
+    need = DAY_MS
+    for b in bounds:
+        need = math.gcd(need, b % DAY_MS)
+    return need
+
+
+def point_source(start_ms: int, end_ms: int, watermark: int | None) -> str:
+    """A window's `source` by its position against W (rule 8)."""
+    if watermark is not None and end_ms <= watermark:
+        return "batch"
+    if watermark is None or start_ms >= watermark:
+        return "speed"
+    return "mixed"
+
+
+def _selector(
+    metric: _Metric, filters: Filters | None, group_by: Sequence[str]
+) -> tuple[Callable[[Key], bool], Callable[[Key], Key]]:
+    filters = filters or {}
+    for dim in [*filters, *group_by]:
+        if dim not in metric.key:
+            raise ValueError(f"{dim!r} is not a dimension of {metric.name}'s key {metric.key}")
+    if len(set(group_by)) != len(group_by):
+        raise ValueError(f"group_by {list(group_by)} repeats a dimension")
+    wanted = [(metric.key.index(d), {str(v) for v in values}) for d, values in filters.items()]
+    at = [metric.key.index(d) for d in group_by]
+
+    def keep(key: Key) -> bool:
+        return all(key[i] in values for i, values in wanted)
+
+    def group(key: Key) -> Key:
+        return tuple(key[i] for i in at)
+
+    return keep, group
+
+
+def _merged(parts: list[_Acc]) -> _Acc:
+    out = _Acc()
+    for acc in parts:
+        out.count += acc.count
+        out.values.extend(acc.values)
+        for name, values in acc.distinct.items():
+            out.distinct.setdefault(name, set()).update(values)
+        out.quantile_values.extend(acc.quantile_values)
+    return out
+
+
+def _grouped(
+    v: View,
+    start_ms: int,
+    end_ms: int,
+    keep: Callable[[Key], bool],
+    group: Callable[[Key], Key],
+    fractions: Sequence[Decimal],
+) -> dict[Key, dict[str, float | int]]:
+    """Each group's outputs over the base cells starting in `[start_ms, end_ms)`: the events of
+    every key passing the filters pooled (never per-key answers combined)."""
+    parts: dict[Key, list[_Acc]] = {}
+    for _start, key, acc in v.base_cells(start_ms, end_ms):
+        if keep(key):
+            parts.setdefault(group(key), []).append(acc)
+    return {g: _finish(v.metric, _merged(accs), fractions) for g, accs in parts.items()}
+
+
+def sliced_series(
+    v: View,
+    windows: Sequence[tuple[int, int]],
+    filters: Filters | None = None,
+    group_by: Sequence[str] = (),
+    quantiles: Sequence[str | float | Decimal] = DEFAULT_QUANTILES,
+) -> dict[Key, list[dict[str, Any]]]:
+    """A series over `windows` (`series_windows`), after the filters, one per group of
+    `group_by` (`()` without it: one series, every dimension not fixed merged over), groups
+    ascending. A point is `{"start", "end", "source"}` plus the metric's outputs; empty
+    windows (and groups) are left out. Raises ValueError when a window does not lie on base
+    cell boundaries (`required_base`)."""
+    need = required_base(windows, v.metric.base_ms)
+    if need is not None:
+        raise ValueError(f"the windows need a base window dividing {format_duration(need)}")
+    keep, group = _selector(v.metric, filters, group_by)
+    fractions = _fractions(quantiles)
+    series: dict[Key, list[dict[str, Any]]] = {}
+    for start, end in windows:
+        source = point_source(start, end, v.watermark)
+        for g, outputs in _grouped(v, start, end, keep, group, fractions).items():
+            series.setdefault(g, []).append(
+                {"start": start, "end": end, "source": source, **outputs}
+            )
+    return dict(sorted(series.items()))
+
+
+def sliced_top(
+    v: View,
+    size_ms: int,
+    at_ms: int,
+    by: str,
+    filters: Filters | None = None,
+    group_by: Sequence[str] | None = None,
+    quantiles: Sequence[str | float | Decimal] = DEFAULT_QUANTILES,
+) -> tuple[int, int, list[tuple[Key, Any]]]:
+    """The UTC window of `size_ms` holding `at_ms` and every group's value of output `by` in
+    it (groups of `group_by`, default the whole key, after the filters), largest first, ties
+    by group ascending. Values are exact (`ExactQuantile` for a quantile)."""
+    start = window_start(at_ms, size_ms)
+    group_by = v.metric.key if group_by is None else group_by
+    keep, group = _selector(v.metric, filters, group_by)
+    outputs = _grouped(v, start, start + size_ms, keep, group, _fractions(quantiles))
+    if any(by not in o for o in outputs.values()):
+        raise ValueError(f"{by!r} is not an output of {v.metric.name}")
+    ranked = sorted(((g, o[by]) for g, o in outputs.items()), key=lambda i: (-i[1], i[0]))
+    return start, start + size_ms, ranked
+
+
+def sliced_keys(
+    v: View,
+    start_ms: int,
+    end_ms: int,
+    filters: Filters | None = None,
+    prefix: str | None = None,
+) -> list[Key]:
+    """The keys passing the filters with a non-empty base cell starting in
+    `[start_ms, end_ms)` (each cell from its rule 8 side), whose first dimension starts with
+    `prefix`; ascending."""
+    keep, _group = _selector(v.metric, filters, ())
+    return sorted(
+        {
+            key
+            for _start, key, _acc in v.base_cells(start_ms, end_ms)
+            if keep(key) and (prefix is None or not key or key[0].startswith(prefix))
+        }
+    )
 
 
 # --------------------------------------------------------------------------- comparison
