@@ -4,15 +4,23 @@ runs, retries failed runs with backoff and fails the runs of runners that died.
 At most one run executes at a time across all runners: a runner executes only while it holds a
 PostgreSQL session advisory lock. The lock dies with the runner's connection (a `kill -9`
 included), so the runner that takes it next knows every run still marked `running` is an
-orphan: it marks it failed and queues its retry."""
+orphan: it marks it failed and queues its retry.
+
+PostgreSQL going away does not end the runner: it reconnects with a capped backoff
+(`batch.outage_backoff_s` up to `batch.outage_backoff_max_s`, logged once when PostgreSQL goes
+down and once when it is back), takes the lock again, records the run the outage interrupted
+as failed with its error (it could not be recorded while PostgreSQL was down) and retries it
+per `batch.max_attempts`, then executes the queued runs as before."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import threading
 import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,6 +29,7 @@ import psycopg
 from batch_layer.errors import RunNotExecutable
 from batch_layer.job import execute_run
 from batch_layer.schedule import Schedule
+from shared.backoff import Backoff
 from shared.config import Settings
 from shared.db.connect import connect
 from shared.db.runs import (
@@ -29,6 +38,7 @@ from shared.db.runs import (
     RunRequest,
     claim_next_run,
     fail_orphaned_runs,
+    mark_failed,
     queue_retry,
     queue_run,
     release_runner_lock,
@@ -61,7 +71,8 @@ def _maybe_retry(conn: psycopg.Connection[Any], settings: Settings, run: RunReco
         return
     delay = _retry_delay(settings, run.attempt)
     retry = queue_retry(conn, run, delay)
-    log.warning("run %s failed; retry %s queued in %.0f s", run.id, retry, delay)
+    if retry is not None:
+        log.warning("run %s failed; retry %s queued in %.0f s", run.id, retry, delay)
 
 
 def _queue_full_on_new_versions(conn: psycopg.Connection[Any], settings: Settings) -> None:
@@ -90,57 +101,126 @@ def run_runner(
     number of runs executed.
 
     `once`: execute the runs that are due now, then return (at once, with 0, when another
-    runner holds the lock: it will execute them). Otherwise run until `stop` is set. The Spark
-    session is created at the first run unless `spark` is given."""
-    stop = stop or threading.Event()
-    name = f"{socket.gethostname()}:{os.getpid()}"
-    plan = Schedule(settings.batch.schedule)
-    next_fire = plan.next_after(datetime.now(UTC))
-    executed = 0
-    with connect(settings.postgres.url, autocommit=True) as conn:
-        while not try_runner_lock(conn):
-            if once:
-                return 0
-            log.info("another runner holds the runner lock; waiting")
-            if stop.wait(settings.batch.poll_s):
-                return 0
+    runner holds the lock: it will execute them); PostgreSQL failing then raises. Otherwise
+    run until `stop` is set, riding out PostgreSQL outages (module doc). The Spark session is
+    created at the first run unless `spark` is given."""
+    runner = _Runner(settings, spark, once=once, schedule=schedule, stop=stop or threading.Event())
+    while True:
         try:
-            for orphan in fail_orphaned_runs(conn):
-                log.warning("run %s was left running by a dead runner; marked failed", orphan.id)
-                _maybe_retry(conn, settings, orphan)
-            while not stop.is_set():
-                _queue_full_on_new_versions(conn, settings)
-                if schedule and datetime.now(UTC) >= next_fire:
-                    run_id, _ = queue_run(conn, RunRequest("incremental"))
-                    log.info("scheduled incremental run %s queued", run_id)
-                    next_fire = plan.next_after(datetime.now(UTC))
-                run = claim_next_run(conn, name)
-                if run is None:
-                    if once:
-                        break
-                    stop.wait(settings.batch.poll_s)
-                    continue
-                if spark is None:
-                    from batch_layer.spark import spark_session
+            runner.serve()
+            return runner.executed
+        except psycopg.OperationalError as exc:
+            if once:
+                raise
+            if runner.stop.wait(runner.backoff.failed(exc)):
+                return runner.executed
 
-                    spark = spark_session(settings)
-                executed += 1
-                began = time.monotonic()
-                try:
-                    summary = execute_run(settings, spark, run.id, hold_lock=False)
-                    log.info(
-                        "run %s (%s) succeeded in %.1f s: %s events in, %s cells out",
-                        run.id,
-                        summary.mode,
-                        time.monotonic() - began,
-                        summary.rows_in,
-                        summary.rows_out,
+
+@dataclass
+class _Runner:
+    """One runner's state across its PostgreSQL sessions (a session ends with an outage)."""
+
+    settings: Settings
+    spark: Any
+    once: bool
+    schedule: bool
+    stop: threading.Event
+    name: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    executed: int = 0
+    interrupted: tuple[RunRecord, str] | None = None
+    """A run that failed (its error) and whose failure is not fully recorded yet: PostgreSQL
+    went away before its retry was queued, or before it was even marked failed."""
+    backoff: Backoff = field(init=False)
+    plan: Schedule = field(init=False)
+    next_fire: datetime = field(init=False)
+
+    def __post_init__(self) -> None:
+        batch = self.settings.batch
+        self.backoff = Backoff("postgres", batch.outage_backoff_s, batch.outage_backoff_max_s, log)
+        self.plan = Schedule(batch.schedule)
+        self.next_fire = self.plan.next_after(datetime.now(UTC))
+
+    def serve(self) -> None:
+        """One session: take the runner lock, settle what an outage or a dead runner left,
+        then execute runs until stopped (or, `once`, until none is due). Raises
+        `psycopg.OperationalError` when PostgreSQL goes away."""
+        settings = self.settings
+        with connect(settings.postgres.url, autocommit=True) as conn:
+            self.backoff.recovered()
+            while not try_runner_lock(conn):
+                if self.once:
+                    return
+                log.info("another runner holds the runner lock; waiting")
+                if self.stop.wait(settings.batch.poll_s):
+                    return
+            try:
+                self._settle_interrupted(conn)
+                for orphan in fail_orphaned_runs(conn):
+                    log.warning(
+                        "run %s was left running by a dead runner; marked failed", orphan.id
                     )
-                except RunNotExecutable as exc:
-                    log.warning("%s", exc)
-                except Exception:
-                    log.exception("run %s failed", run.id)
-                    _maybe_retry(conn, settings, run)
-        finally:
-            release_runner_lock(conn)
-    return executed
+                    _maybe_retry(conn, settings, orphan)
+                self._execute_queued(conn)
+            finally:
+                with contextlib.suppress(psycopg.Error):  # a lost session has no lock anyway
+                    release_runner_lock(conn)
+
+    def _execute_queued(self, conn: psycopg.Connection[Any]) -> None:
+        settings = self.settings
+        while not self.stop.is_set():
+            _queue_full_on_new_versions(conn, settings)
+            if self.schedule and datetime.now(UTC) >= self.next_fire:
+                run_id, _ = queue_run(conn, RunRequest("incremental"))
+                log.info("scheduled incremental run %s queued", run_id)
+                self.next_fire = self.plan.next_after(datetime.now(UTC))
+            run = claim_next_run(conn, self.name)
+            if run is None:
+                if self.once:
+                    return
+                self.stop.wait(settings.batch.poll_s)
+                continue
+            if self.spark is None:
+                from batch_layer.spark import spark_session
+
+                self.spark = spark_session(settings)
+            self.executed += 1
+            began = time.monotonic()
+            try:
+                summary = execute_run(settings, self.spark, run.id, hold_lock=False)
+                log.info(
+                    "run %s (%s) succeeded in %.1f s: %s events in, %s cells out",
+                    run.id,
+                    summary.mode,
+                    time.monotonic() - began,
+                    summary.rows_in,
+                    summary.rows_out,
+                )
+            except RunNotExecutable as exc:
+                log.warning("%s", exc)
+            except Exception as exc:
+                log.exception("run %s failed", run.id)
+                self.interrupted = (run, _describe(exc))
+                self._settle_interrupted(conn)
+
+    def _settle_interrupted(self, conn: psycopg.Connection[Any]) -> None:
+        """Record the failed run's outcome: marked failed (when PostgreSQL was down as it
+        failed, only now, with its error) and retried per `batch.max_attempts`."""
+        if self.interrupted is None:
+            return
+        run, error = self.interrupted
+        if mark_failed(
+            conn, run.id, f"{error} (PostgreSQL was unreachable as the run failed; recorded later)"
+        ):
+            log.warning("run %s failed while PostgreSQL was unreachable; marked failed", run.id)
+        _maybe_retry(conn, self.settings, run)
+        self.interrupted = None
+
+
+def _describe(error: BaseException) -> str:
+    """A failed run's error text: what made it fail, not the failure to record that (when
+    PostgreSQL went away, marking the run failed raises too, with the first error as its
+    context)."""
+    first = error
+    if isinstance(error, psycopg.OperationalError) and error.__context__ is not None:
+        first = error.__context__
+    return f"{type(first).__name__}: {first}"

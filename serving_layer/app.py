@@ -14,13 +14,12 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from serving_layer.errors import install_error_handlers
 from serving_layer.kafka_probe import KafkaProbe
 from serving_layer.merged_view import MergedView
 from serving_layer.observability import MetricsMiddleware, ServingMetrics, WatermarkAgeCollector
-from serving_layer.pools import AsyncDb, Db
+from serving_layer.pools import AsyncDb, Db, async_pool, blocking_pool
 from serving_layer.responses import JSONResponse
 from serving_layer.routes import dashboard, health, metrics, runs, status
 from shared.config import Settings
@@ -39,13 +38,11 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        url = settings.postgres.url
-        connection: dict[str, Any] = {"autocommit": True, "connect_timeout": 3}
-        app.state.pg_pool = ConnectionPool(url, max_size=8, kwargs=connection, open=True)
+        app.state.pg_pool = blocking_pool(settings)
         app.state.db = Db(app.state.pg_pool)
-        async_pool = AsyncConnectionPool(url, max_size=8, kwargs=connection, open=False)
-        await async_pool.open()
-        app.state.async_db = AsyncDb(async_pool)
+        query_pool = async_pool(settings)
+        await query_pool.open()
+        app.state.async_db = AsyncDb(query_pool)
         app.state.redis = redis.Redis.from_url(
             settings.redis.url, socket_timeout=1.0, socket_connect_timeout=0.5
         )
@@ -64,7 +61,7 @@ def create_app(settings: Settings) -> FastAPI:
             observer.registry.unregister(collector)
             app.state.kafka.close()
             app.state.pg_pool.close()
-            await async_pool.close()
+            await query_pool.close()
             app.state.redis.close()
             await async_redis.aclose()
 

@@ -1,9 +1,20 @@
 """PostgreSQL pools as routes use them. The query routes (series, top, keys) are `async` and
 use the asyncio pool, so a request costs no thread hand-off; the operator routes run in
-FastAPI's threadpool with the blocking pool."""
+FastAPI's threadpool with the blocking pool.
+
+After PostgreSQL restarts, every pooled connection is dead. Unchecked, the pools handed them
+out one request at a time (each answered 503) while the replacements they started backed off
+for as long as the outage had lasted: `/readyz` saw PostgreSQL down for about a minute after
+it was back. So each pool checks a connection before handing it out — cheaply: an idle
+connection has nothing to read unless the server closed it, so one `select` suffices and only
+such a connection gets psycopg's round-trip check (`check_connection`) — and once it finds
+one dead it checks all its idle ones (`check()`), since a restart closed them all. Failed
+reconnections are given up after `serving.pg_reconnect_timeout_s`; a request that then finds
+the pool empty starts a fresh attempt, so the pools reconnect within seconds of recovery."""
 
 from __future__ import annotations
 
+import select
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
@@ -12,9 +23,68 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from serving_layer.errors import unavailable
+from shared.config import Settings
 
 _UNREACHABLE = "the batch view (PostgreSQL) is unreachable; retry later"
 _WAIT_S = 5.0
+_MAX_SIZE = 8
+_CONNECTION: dict[str, Any] = {"autocommit": True, "connect_timeout": 3}
+
+
+def _closed_by_server(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether an idle connection may be dead: closed here, or with bytes waiting (a server
+    that shuts down or restarts sends a FATAL message, then closes the socket)."""
+    if conn.closed or conn.broken:
+        return True
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
+def blocking_pool(settings: Settings) -> ConnectionPool:
+    """The operator routes' pool (and `/readyz`'s), opened; connections checked (module doc)."""
+
+    def check(conn: psycopg.Connection[Any]) -> None:
+        if _closed_by_server(conn):
+            try:
+                ConnectionPool.check_connection(conn)
+            except psycopg.Error:
+                pool.check()
+                raise
+
+    pool: ConnectionPool = ConnectionPool(
+        settings.postgres.url,
+        max_size=_MAX_SIZE,
+        kwargs=_CONNECTION,
+        check=check,
+        reconnect_timeout=settings.serving.pg_reconnect_timeout_s,
+        open=True,
+    )
+    return pool
+
+
+def async_pool(settings: Settings) -> AsyncConnectionPool:
+    """The query routes' pool, not opened yet (`await pool.open()` in the event loop)."""
+
+    async def check(conn: psycopg.AsyncConnection[Any]) -> None:
+        if _closed_by_server(conn):
+            try:
+                await AsyncConnectionPool.check_connection(conn)
+            except psycopg.Error:
+                await pool.check()
+                raise
+
+    pool: AsyncConnectionPool = AsyncConnectionPool(
+        settings.postgres.url,
+        max_size=_MAX_SIZE,
+        kwargs=_CONNECTION,
+        check=check,
+        reconnect_timeout=settings.serving.pg_reconnect_timeout_s,
+        open=False,
+    )
+    return pool
 
 
 class Db:

@@ -211,6 +211,13 @@ class BatchConfig(_Strict):
     heartbeat_s: float = Field(default=2.0, gt=0)
     poll_s: float = Field(default=2.0, gt=0)
     """How often an idle runner looks for queued runs (and waits for the runner lock)."""
+    outage_backoff_s: float = Field(default=1.0, gt=0)
+    """First wait of the runner after PostgreSQL became unreachable; doubled after every
+    failed reconnection up to `outage_backoff_max_s`. The runner never exits for an outage:
+    it reconnects, fails the run the outage interrupted (retried per `max_attempts`) and
+    executes the queued runs again."""
+    outage_backoff_max_s: float = Field(default=10.0, gt=0)
+    """The longest wait between two reconnection attempts of the runner."""
 
     @field_validator("schedule")
     @classmethod
@@ -240,6 +247,16 @@ class SpeedSettings(_Strict):
     gil_switch_interval_s: float = Field(default=0.0005, gt=0)
     """`sys.setswitchinterval` of a worker: Faust's Kafka client runs in its own thread, and a
     shorter interval hands the GIL back to it sooner after each socket call."""
+    outage_backoff_s: float = Field(default=0.5, gt=0)
+    """First wait of a worker after a store failed (Redis: a batch not applied, or a fence
+    not read; PostgreSQL: W not refreshed; Kafka: dead letters or late events not
+    published); doubled after every further failure up to `outage_backoff_max_s`. The worker
+    keeps its partitions, commits nothing it has not applied, and resumes from its fences."""
+    outage_backoff_max_s: float = Field(default=10.0, gt=0)
+    """The longest wait between two attempts while a store is down."""
+    redis_timeout_s: float = Field(default=10.0, gt=0)
+    """Socket timeout of the worker's Redis calls (connecting: at most 2 s), so an
+    unreachable Redis fails a batch instead of hanging the worker."""
 
 
 def _token_list(value: object) -> object:
@@ -281,6 +298,11 @@ class ServingSettings(_Strict):
     """Batch-side series points kept per app, valid for one served row (~500 bytes each)."""
     speed_cache_bytes: int = Field(default=64 << 20, ge=0)
     """Speed-side points kept per app, keyed by the exact sub-cell states they merge."""
+    pg_reconnect_timeout_s: float = Field(default=5.0, gt=0)
+    """How long the API's PostgreSQL pools retry (1 s, doubling) to replace a lost connection
+    before giving it up; a request that then finds no connection starts a fresh attempt, so
+    after an outage the API reconnects within about half of this, not after a backoff grown
+    during the outage."""
 
 
 class StackSettings(_Strict):

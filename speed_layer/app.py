@@ -13,6 +13,13 @@ Steps, by name:
 - `ServedState.refresh` — W per metric and `rebuild_from`, re-read every `watermark_refresh_s`.
 - `cleanup` — rule 8: cells ending at or before a W served for `cleanup_delay_s`, and de-dup
   id sets late for every metric, deleted for the partitions this worker owns.
+- `retry_delay` — a store went away: nothing is committed that Redis does not hold, the
+  worker keeps its partitions and retries with a capped backoff (`speed.outage_backoff_s` up
+  to `speed.outage_backoff_max_s`), logging once when a store goes down and once when it is
+  back, and setting `speed_degraded{cause}` meanwhile. Redis down: batches are not applied
+  and partitions are re-read from their fences once it answers (rule 3 makes the retry
+  exact). PostgreSQL down: only W stops being refreshed; the last one is used. Kafka down
+  (dead letters, late events): like Redis.
 
 Memory (measured with `bench/speed.py --quick`: 306k sample events over 2 h, 4 partitions,
 `MEMORY USAGE` of every key): a (base cell, key, partition) state is ~140 bytes on average in
@@ -33,9 +40,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import faust
+import psycopg
 import redis
+from confluent_kafka import KafkaException
 from faust.types import TP
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
+from shared.backoff import Backoff
 from shared.config import Settings
 from shared.faults import fault_point
 from shared.gc_tuning import collector_paused, freeze_startup_objects
@@ -51,7 +63,8 @@ from shared.speed_view import (
     rebuild_member,
 )
 from speed_layer.consumer import BatchConsumer, BatchTransport
-from speed_layer.metrics import SpeedMetrics
+from speed_layer.errors import ServedRowUnavailable, SideTopicError
+from speed_layer.metrics import CAUSES, SpeedMetrics
 from speed_layer.processor import KafkaRecord, SourceProcessor
 from speed_layer.served_state import ServedState
 from speed_layer.side_topics import SideTopicPublisher
@@ -67,12 +80,31 @@ class SpeedWorker:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.redis = redis.Redis.from_url(settings.redis.url)
-        self.store = SpeedViewWriter(self.redis, settings.speed.ttl_days * 86_400)
+        speed = settings.speed
+        # One immediate retry (a pooled connection Redis closed on restart); the worker's
+        # own backoff does the rest.
+        self.redis = redis.Redis.from_url(
+            settings.redis.url,
+            socket_timeout=speed.redis_timeout_s,
+            socket_connect_timeout=min(2.0, speed.redis_timeout_s),
+            retry=Retry(NoBackoff(), 1),
+        )
+        self.store = SpeedViewWriter(self.redis, speed.ttl_days * 86_400)
         self.side_topics = SideTopicPublisher(settings)
         self.metrics = SpeedMetrics()
+        self.backoffs = {
+            cause: Backoff(
+                cause,
+                speed.outage_backoff_s,
+                speed.outage_backoff_max_s,
+                log,
+                on_change=self.metrics.degraded.labels(cause).set,
+                on_failure=self.metrics.store_failures.labels(cause).inc,
+            )
+            for cause in CAUSES
+        }
         self.epoch = ensure_epoch(self.redis, uuid.uuid4().hex)
-        self.served = ServedState(settings)
+        self.served = ServedState(settings, self.backoffs["postgres"])
         self.processors = {
             source.topic: SourceProcessor(
                 settings, source, self.store, self.side_topics.publish_rejected
@@ -116,6 +148,11 @@ class SpeedWorker:
             target = fence.offset + 1
         else:
             await asyncio.to_thread(self.served.refresh)
+            if not self.served.loaded:
+                raise ServedRowUnavailable(
+                    f"{tp.topic}[{tp.partition}] has no fence, and where it is read from "
+                    "(rebuild_from) is in PostgreSQL, which has not answered yet; retrying"
+                )
             target = self.served.rebuild_from(tp.topic, tp.partition)
             committed = self.consumer._committed_offset.get(tp)
             if until is None and committed is not None and committed > target:
@@ -136,6 +173,7 @@ class SpeedWorker:
             else:
                 self.rebuilding[tp] = until
         log.info("event=position topic=%s partition=%d offset=%d", tp.topic, tp.partition, target)
+        self.backoffs["redis"].recovered()
         return target
 
     async def apply_batch(self, tp: TP, records: Sequence[KafkaRecord]) -> None:
@@ -146,6 +184,8 @@ class SpeedWorker:
         with collector_paused():  # see `tune_gc`
             outcome = processor.process(self.epoch, tp.partition, records, self.served.watermarks)
         metrics = self.metrics
+        for cause in ("redis", "kafka", "error"):
+            self.backoffs[cause].recovered()
         if outcome.status == APPLIED:
             metrics.apply_seconds.observe(time.perf_counter() - started)
             metrics.events.labels(tp.topic).inc(outcome.records)
@@ -178,8 +218,10 @@ class SpeedWorker:
     def start_rebuild(self) -> None:
         """Rule 9: the epoch marker vanished, so Redis lost the speed view. Rebuild every owned
         partition from `rebuild_from` with empty state, marked `rebuilding` until it is read
-        back to where this worker was."""
-        self.epoch = ensure_epoch(self.redis, uuid.uuid4().hex)
+        back to where this worker was. The new epoch is adopted only once the rebuild is marked:
+        if Redis fails half-way, the next check finds the epoch still changed and starts
+        again."""
+        epoch = ensure_epoch(self.redis, uuid.uuid4().hex)
         self.served.refresh()
         consumer = self.consumer
         members: dict[str, int] = {}
@@ -191,9 +233,33 @@ class SpeedWorker:
             if reached > target:
                 members[rebuild_member(tp.topic, tp.partition)] = reached
         self.store.start_rebuild(members)
+        self.epoch = epoch
         self.metrics.rebuilds.inc()
         log.warning("event=rebuild_started epoch=%s partitions=%s", self.epoch, sorted(members))
         consumer.reposition(owned)
+
+    # -- riding out outages --------------------------------------------------------------
+
+    def retry_delay(self, error: BaseException) -> float:
+        """The consumer's `retry_delay`: an apply or a positioning failed. Counts it against
+        the store that failed and returns the backoff; an unexpected error is logged in full
+        every time (it is a bug, not an outage) and retried the same way."""
+        cause = cause_of(error)
+        if cause == "error":
+            log.error("event=apply_failed: retrying from the fences", exc_info=error)
+        return self.backoffs[cause].failed(error)
+
+    def check_epoch(self) -> None:
+        """Rule 9's check (and the rebuild it may start), skipped while Redis is being backed
+        off from; a Redis failure is counted, never raised."""
+        backoff = self.backoffs["redis"]
+        if not backoff.due():
+            return
+        try:
+            if self.epoch_lost():
+                self.start_rebuild()
+        except redis.RedisError as exc:
+            backoff.failed(exc)
 
     # -- housekeeping ------------------------------------------------------------------------
 
@@ -286,18 +352,22 @@ class SpeedWorker:
             self.consumer.reposition(assigned)
             log.info("event=assigned partitions=%s", sorted(map(str, assigned)))
 
+        # A timer that raises ends the worker (Faust crashes the app): neither may.
         @app.timer(interval=speed.watermark_refresh_s)
         async def refresh_timer() -> None:
             await asyncio.to_thread(self.served.refresh)
             self.report_lag()
-            if self.epoch_lost():
-                self.start_rebuild()
+            self.check_epoch()
 
         @app.timer(interval=speed.cleanup_interval_s)
         async def cleanup_timer() -> None:
             owned = set(self.consumer.assignment())
-            if owned:
-                cells, id_sets = await asyncio.to_thread(self.cleanup, owned)
+            if owned and not self.backoffs["redis"].down:
+                try:
+                    cells, id_sets = await asyncio.to_thread(self.cleanup, owned)
+                except redis.RedisError as exc:
+                    self.backoffs["redis"].failed(exc)
+                    return
                 if cells or id_sets:
                     self.metrics.cleaned_keys.labels("cell").inc(cells)
                     self.metrics.cleaned_keys.labels("ids").inc(id_sets)
@@ -310,7 +380,19 @@ class SpeedWorker:
         consumer = self.consumer
         consumer.handler = self.apply_batch
         consumer.position_of = self.position_of
+        consumer.retry_delay = self.retry_delay
         self.metrics.serve(self.settings.speed.metrics_port)
+
+
+def cause_of(error: BaseException) -> str:
+    """Which store a failed apply or positioning points at (one of `metrics.CAUSES`)."""
+    if isinstance(error, redis.RedisError):
+        return "redis"
+    if isinstance(error, psycopg.Error | ServedRowUnavailable):
+        return "postgres"
+    if isinstance(error, SideTopicError | KafkaException):
+        return "kafka"
+    return "error"
 
 
 def tune_gc() -> None:

@@ -23,13 +23,16 @@ What changes, and only in this subclass:
   fetches. Faust's own seek to the committed offsets after a rebalance (`perform_seek`)
   queues every assigned partition again, so our position always wins.
 - A batch whose apply fails (Redis or Kafka unreachable) is dropped with the rest of its
-  fetch, and every assigned partition is repositioned after a pause: all are read again from
-  their fences.
+  fetch, nothing of it is committed, and every assigned partition is repositioned after a
+  pause the owner chooses (`retry_delay`: a capped backoff while a store is down): all are
+  read again from their fences, so a batch that did reach Redis is never applied twice and
+  one that did not is not lost (rule 3). A partition that cannot be positioned (its fence
+  unreadable) stays pending, and nothing is fetched until every pending partition is
+  positioned: a worker riding out an outage holds its partitions without reading them.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -41,6 +44,8 @@ BatchHandler = Callable[[TP, Sequence[Any]], Awaitable[None]]
 """Called with a partition and its fetched aiokafka `ConsumerRecord`s, in offset order."""
 PositionOf = Callable[[TP], Awaitable[int | None]]
 """The offset a partition should be read from next (None: leave it where it is)."""
+RetryDelay = Callable[[BaseException], float]
+"""Told why an apply or a positioning failed; returns the seconds to wait before retrying."""
 
 
 class BatchConsumer(AIOKafkaConsumer):
@@ -48,6 +53,7 @@ class BatchConsumer(AIOKafkaConsumer):
 
     handler: BatchHandler | None = None
     position_of: PositionOf | None = None
+    retry_delay: RetryDelay | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -83,7 +89,18 @@ class BatchConsumer(AIOKafkaConsumer):
     def verify_event_path(self, now: float, tp: TP) -> None:
         """Faust's per-event livelock warnings do not apply: no events go through streams."""
 
-    async def _position_pending(self) -> set[TP]:
+    async def _backoff(self, error: BaseException) -> None:
+        """Wait before retrying after a failed apply or positioning (or until stopped)."""
+        if self.retry_delay is None:
+            self.log.error("applying or positioning failed; retrying in 1 s", exc_info=error)
+            delay = 1.0
+        else:
+            delay = self.retry_delay(error)
+        await self.sleep(delay)
+
+    async def _position_pending(self) -> set[TP] | None:
+        """Seek the partitions queued by `reposition`; returns those moved, or None when one
+        could not be positioned (it stays queued, after a backoff)."""
         moved: set[TP] = set()
         position_of = self.position_of
         while self._to_position and position_of is not None:
@@ -92,11 +109,10 @@ class BatchConsumer(AIOKafkaConsumer):
                 continue
             try:
                 target = await position_of(tp)
-            except Exception:
-                self.log.exception("positioning %s failed; retrying in 1 s", tp)
+            except Exception as exc:
                 self._to_position.add(tp)
-                await asyncio.sleep(1.0)
-                continue
+                await self._backoff(exc)
+                return None
             if target is not None:
                 await self.seek(tp, target)
                 self._read_offset[tp] = target
@@ -107,9 +123,11 @@ class BatchConsumer(AIOKafkaConsumer):
         consumer_should_stop = self._stopped.is_set
         fetcher_should_stop = fetcher._stopped.is_set
         read_offset = self._read_offset
+        pending = self._to_position
         try:
             while not (consumer_should_stop() or fetcher_should_stop()):
-                await self._position_pending()
+                if await self._position_pending() is None:
+                    continue
                 generation = self.app.consumer_generation_id
                 records, _active = await self._wait_next_records(1.0)
                 await self.sleep(0)
@@ -117,11 +135,14 @@ class BatchConsumer(AIOKafkaConsumer):
                     continue
                 if self.app.consumer_generation_id != generation:
                     continue
-                moved = await self._position_pending()
                 assignment = self.assignment()
+                moved = await self._position_pending()
+                if moved is None:  # its records are dropped: read everything again
+                    self.reposition(assignment)
+                    continue
                 handler = self.handler
                 for tp, batch in records.items():
-                    if tp in moved or tp not in assignment or not batch:
+                    if tp in moved or tp in pending or tp not in assignment or not batch:
                         continue
                     if handler is None:
                         self.reposition([tp])
@@ -134,10 +155,9 @@ class BatchConsumer(AIOKafkaConsumer):
                     read_offset[tp] = batch[-1].offset + 1
                     try:
                         await handler(tp, batch)
-                    except Exception:
-                        self.log.exception("applying a batch of %s failed; rereading", tp)
+                    except Exception as exc:
                         self.reposition(assignment)
-                        await asyncio.sleep(1.0)
+                        await self._backoff(exc)
                         break
                     if self.app.consumer_generation_id != generation:
                         break

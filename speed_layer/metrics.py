@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+CAUSES = ("redis", "postgres", "kafka", "error")
+"""What a worker can be degraded by: a store, or an unexpected failure of an apply."""
+
 
 class SpeedMetrics:
     def __init__(self) -> None:
@@ -67,6 +70,23 @@ class SpeedMetrics:
             ["kind"],
             registry=self.registry,
         )
+
+        self.degraded = Gauge(
+            "speed_degraded",
+            "1 while the worker backs off because a store fails (redis, kafka: batches are "
+            "not applied; postgres: W is not refreshed; error: an unexpected failure)",
+            ["cause"],
+            registry=self.registry,
+        )
+        self.store_failures = Counter(
+            "speed_store_failures",
+            "Failed attempts to reach a store (or unexpected failures of an apply), by cause",
+            ["cause"],
+            registry=self.registry,
+        )
+        for cause in CAUSES:
+            self.degraded.labels(cause).set(0)
+            self.store_failures.labels(cause)
 
     def serve(self, port: int) -> None:
         if port:

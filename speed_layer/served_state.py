@@ -1,28 +1,52 @@
 """What the speed layer knows of the batch view: the served row, re-read every
 `watermark_refresh_s` — W per metric (rule 2's second clause), `rebuild_from` per partition
 (where a rebuild starts, rule 9) — and when each W was first seen, so cleanup deletes only
-cells below a W served for longer than any request may take (rule 8)."""
+cells below a W served for longer than any request may take (rule 8).
+
+The worker needs only the last row it read: while PostgreSQL is unreachable no run can
+publish, so that row is still the served one. The worker keeps it (lateness keeps using its
+W) and re-reads it with a capped backoff instead of failing."""
 
 from __future__ import annotations
 
+import logging
 import time
 
+import psycopg
+
+from shared.backoff import Backoff
 from shared.config import Settings
 from shared.db.connect import connect
 from shared.db.served import ServedView, read_served
 
+log = logging.getLogger(__name__)
+
 
 class ServedState:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, backoff: Backoff | None = None) -> None:
         self.settings = settings
+        speed = settings.speed
+        self.backoff = backoff or Backoff(
+            "postgres", speed.outage_backoff_s, speed.outage_backoff_max_s, log
+        )
         self.served: ServedView | None = None
+        self.loaded = False
+        """Whether the row was ever read (None then means: no batch run has published yet)."""
         self.watermarks: dict[str, int | None] = {m: None for m in settings.plans}
         self._seen: dict[str, list[tuple[float, int]]] = {}
 
-    def refresh(self) -> None:
-        """Re-read the served row (W of each metric's current version, `rebuild_from`)."""
-        with connect(self.settings.postgres.url, autocommit=True) as conn:
-            served = read_served(conn)
+    def refresh(self) -> bool:
+        """Re-read the served row (W of each metric's current version, `rebuild_from`); False
+        when PostgreSQL could not be read (or is being backed off from): the last row stays."""
+        if not self.backoff.due():
+            return False
+        try:
+            with connect(self.settings.postgres.url, autocommit=True) as conn:
+                served = read_served(conn)
+        except psycopg.Error as exc:
+            self.backoff.failed(exc)
+            return False
+        self.backoff.recovered()
         watermarks = {
             m.name: None if served is None else served.watermark(m.name, m.version)
             for m in self.settings.plans.values()
@@ -32,7 +56,8 @@ class ServedState:
             seen = self._seen.setdefault(name, [])
             if w is not None and (not seen or seen[-1][1] != w):
                 seen.append((now, w))
-        self.served, self.watermarks = served, watermarks
+        self.served, self.watermarks, self.loaded = served, watermarks, True
+        return True
 
     def rebuild_from(self, topic: str, partition: int) -> int:
         """Where a partition is read from when Redis holds nothing of it (0 before any run)."""

@@ -53,7 +53,7 @@ class SideTopicPublisher:
             if not _too_large(error) or item.value is None:
                 raise SideTopicError(
                     f"could not publish {target_topic} record {item.offset}: {error}; the "
-                    "batch is not applied (it is read again on restart)"
+                    "batch is not applied (it is read again after a backoff)"
                 )
             cut = Rejected(item.offset, item.value[:_CUT_BYTES], item.why)
             self._produce(
@@ -106,5 +106,5 @@ class SideTopicPublisher:
         if remaining:
             raise SideTopicError(
                 f"{remaining} dead letters / late events were not delivered to Kafka within "
-                "30 s; the batch is not applied (it is read again on restart)"
+                "30 s; the batch is not applied (it is read again after a backoff)"
             )

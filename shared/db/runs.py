@@ -211,12 +211,15 @@ def fail_orphaned_runs(conn: psycopg.Connection[Any]) -> list[RunRecord]:
 
 def queue_retry(conn: psycopg.Connection[Any], failed: RunRecord, delay_s: float) -> int | None:
     """Queue the next attempt of a failed run after `delay_s`; None when an identical request
-    is already queued (it will do the work)."""
+    is already queued (it will do the work) or the run was retried already (a runner that
+    lost its session in an outage may settle a run another runner settled meanwhile)."""
     with conn.transaction():
         if (
             _lock_and_find_queued(conn, failed.mode, failed.range_start_ms, failed.range_end_ms)
             is not None
         ):
+            return None
+        if conn.execute("SELECT 1 FROM batch_runs WHERE retry_of = %s", [failed.id]).fetchone():
             return None
         row = conn.execute(
             """
