@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,34 +119,49 @@ def platform_config(tag: str, partitions: int = 4, *, quantiles: bool = True) ->
     return config
 
 
-@pytest.fixture
-def platform(stack: Settings, tmp_path: Path) -> Iterator[Platform]:
+@contextmanager
+def own_platform(
+    stack: Settings,
+    directory: Path,
+    config_of: Callable[[str], dict[str, Any]] = platform_config,
+) -> Iterator[Platform]:
+    """A world of its own on the local stack: a fresh PostgreSQL database with the schema
+    (dropped afterwards), the flushed test Redis database, the topics and consumer group of a
+    new tag (`config_of(tag)` gives the sources and metrics), in `directory/lambda.yaml`."""
     from shared.db.migrate import upgrade
 
     tag = uuid.uuid4().hex[:10]
     dbname = f"lp_test_{tag}"
     with psycopg.connect(stack.postgres.url, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
-    pg_url = _url_with_db(stack.postgres.url, dbname)
-    redis_url = _url_with_db(stack.redis.url, str(TEST_REDIS_DB))
-    redis.Redis.from_url(redis_url).flushdb()
-    upgrade(pg_url)
-    config = platform_config(tag)
-    config.update(
-        {
-            "kafka": {"bootstrap_servers": stack.kafka.bootstrap_servers},
-            "redis": {"url": redis_url},
-            "postgres": {"url": pg_url},
-            "speed": {"app_id": f"speed-{tag}", "session_timeout_s": 6.0},
-            "spark": {"max_offsets_per_slice": 5000},
-        }
-    )
-    config_path = tmp_path / "lambda.yaml"
-    config_path.write_text(yaml.safe_dump(config))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LAMBDA_")}
-    env["LAMBDA_CONFIG"] = str(config_path)
-    yield Platform(Settings(**config), config, config_path, env)
-    drop_database(stack.postgres.url, dbname)
+    try:
+        pg_url = _url_with_db(stack.postgres.url, dbname)
+        redis_url = _url_with_db(stack.redis.url, str(TEST_REDIS_DB))
+        redis.Redis.from_url(redis_url).flushdb()
+        upgrade(pg_url)
+        config = config_of(tag)
+        config.update(
+            {
+                "kafka": {"bootstrap_servers": stack.kafka.bootstrap_servers},
+                "redis": {"url": redis_url},
+                "postgres": {"url": pg_url},
+                "speed": {"app_id": f"speed-{tag}", "session_timeout_s": 6.0},
+                "spark": {"max_offsets_per_slice": 5000},
+            }
+        )
+        config_path = directory / "lambda.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LAMBDA_")}
+        env["LAMBDA_CONFIG"] = str(config_path)
+        yield Platform(Settings(**config), config, config_path, env)
+    finally:
+        drop_database(stack.postgres.url, dbname)
+
+
+@pytest.fixture
+def platform(stack: Settings, tmp_path: Path) -> Iterator[Platform]:
+    with own_platform(stack, tmp_path) as world:
+        yield world
 
 
 def drop_database(url: str, dbname: str, limit_s: float = 300.0) -> None:

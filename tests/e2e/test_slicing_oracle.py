@@ -21,25 +21,19 @@ with a 400 naming the 30m base window it needs by a metric whose base window is 
 from __future__ import annotations
 
 import math
-import os
 import random
 import socket
 import time
-import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
-import psycopg
 import pytest
-import redis
-import yaml
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from psycopg import sql
 
 from batch_layer import run_full
 from lambdactl.generator import GeneratorSpec, SampleRecord, generate, produce
@@ -47,18 +41,11 @@ from serving_layer import create_app
 from serving_layer.timefmt import format_time, parse_time
 from shared.config import Settings
 from shared.db.connect import connect
-from shared.db.migrate import upgrade
 from shared.db.runs import RunRequest, queue_run
 from shared.db.served import read_served
 from shared.kafka import create_topics
 from tests import oracle
-from tests.conftest import (
-    TEST_REDIS_DB,
-    Platform,
-    _url_with_db,
-    drop_database,
-    platform_config,
-)
+from tests.conftest import Platform, own_platform, platform_config
 from tests.speed.support import drain_with_worker
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
@@ -221,36 +208,12 @@ def _history_spec(now: int) -> GeneratorSpec:
 def world(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     """This module's own topic, database and (flushed) Redis database; the history produced
     and drained into the speed view, no run yet."""
-    tag = uuid.uuid4().hex[:10]
-    dbname = f"lp_test_{tag}"
-    with psycopg.connect(stack.postgres.url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
-    try:
-        pg_url = _url_with_db(stack.postgres.url, dbname)
-        redis_url = _url_with_db(stack.redis.url, str(TEST_REDIS_DB))
-        redis.Redis.from_url(redis_url).flushdb()
-        upgrade(pg_url)
-        config = slicing_config(tag, METRICS)
-        config.update(
-            {
-                "kafka": {"bootstrap_servers": stack.kafka.bootstrap_servers},
-                "redis": {"url": redis_url},
-                "postgres": {"url": pg_url},
-                "speed": {"app_id": f"speed-{tag}", "session_timeout_s": 6.0},
-                "spark": {"max_offsets_per_slice": 5000},
-            }
-        )
-        path = tmp_path_factory.mktemp("slicing") / "lambda.yaml"
-        path.write_text(yaml.safe_dump(config))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LAMBDA_")}
-        env["LAMBDA_CONFIG"] = str(path)
-        platform = Platform(Settings(**config), config, path, env)
+    directory = tmp_path_factory.mktemp("slicing")
+    with own_platform(stack, directory, lambda tag: slicing_config(tag, METRICS)) as platform:
         world = World(platform, int(time.time() * 1000) // MINUTE * MINUTE)
         with world.stack:
             _produce_history(world)
             yield world
-    finally:
-        drop_database(stack.postgres.url, dbname)
 
 
 def _produce_history(world: World) -> None:

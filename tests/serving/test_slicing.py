@@ -342,15 +342,13 @@ def test_a_zone_off_the_base_cell_is_a_400_naming_the_cell_it_needs(platform: Pl
     assert "tz=Asia/Kolkata" in detail and "1h cell" in detail and "dividing 30m" in detail
 
 
-def test_sliced_batch_windows_are_cached_for_one_publication_only(platform: Platform) -> None:
+def test_sliced_batch_windows_are_cached_for_one_publication_only(
+    platform: Platform, sliced: tuple[TestClient, MetricPlan, list[Event]]
+) -> None:
     """A repeated slice is answered from the cache of its batch-only windows; a publication
     (a new served row) makes it read the new cells."""
+    client, metric, events = sliced
     settings = _settings(platform)
-    metric = settings.plan("by_country_page")
-    assert metric is not None
-    events = _events()
-    publish(settings, batch_rows(settings, metric, events, W), {metric.name: W})
-    write_speed(settings, metric, events, W)
     span = (T0 - 12 * HOUR, T0 + 12 * HOUR)
     params = {
         "window": "1h",
@@ -373,16 +371,15 @@ def test_sliced_batch_windows_are_cached_for_one_publication_only(platform: Plat
                     return sample.value
         return 0.0
 
-    with TestClient(create_app(settings)) as client:
-        first = client.get(SERIES, params=params).json()
-        read = batch_rows_read(client)
-        assert read > 0
-        assert client.get(SERIES, params=params).json() == first
-        # Only the window straddling W is read again: its batch cells (a few keys' minutes).
-        assert batch_rows_read(client) - read < read / 10
-        more = events + _events(seed=4)
-        publish(settings, batch_rows(settings, metric, more, W), {metric.name: W})
-        after = client.get(SERIES, params=params).json()
+    first = client.get(SERIES, params=params).json()
+    read = batch_rows_read(client)
+    assert read > 0
+    assert client.get(SERIES, params=params).json() == first
+    # Only the window straddling W is read again: its batch cells (a few keys' minutes).
+    assert batch_rows_read(client) - read < read / 10
+    more = events + _events(seed=4)
+    publish(settings, batch_rows(settings, metric, more, W), {metric.name: W})
+    after = client.get(SERIES, params=params).json()
     got, sources = batch_only(after)
     assert got and set(sources.values()) == {"batch", "mixed", "speed"}
     want, _ = _brute_series(metric, more, HOUR, span, lambda e: True, lambda e: (e.key[0],))
