@@ -1,12 +1,21 @@
 """Serving-layer benchmark: one uvicorn worker over real Redis + PostgreSQL holding a realistic
 view, driven open loop (latency counted from each request's scheduled send time).
 
-    .venv/bin/python bench/serve.py [--quick]
+    .venv/bin/python bench/serve.py [--quick] [--profile DIR]
 
 It brings up the local stack (`lambdactl.stack.stack_up`), loads a fresh PostgreSQL database
-`lp_bench` and Redis database 11 directly in the stores' formats (10k keys, 4 source partitions,
-count/sum/min/max/avg/distinct, W = newest event - 1 h - grace), starts the server as a
-subprocess, then measures:
+`lp_bench` and Redis database 11 directly in the stores' formats (4 source partitions,
+count/sum/min/max/avg/distinct, W = newest event - 1 h - grace) with two datasets:
+
+- `views`: key [page], 10k keys (50 hot ones with events every minute of the last 26 h);
+- `grid` and `grid_plain`: key [country, page], 100 x 100 = 10k keys, a few hundred thousand
+  events spread evenly over the last 26 h; `grid` has `rollups: [[], [country]]`, `grid_plain`
+  is the same metric without rollups. Every plan is loaded as the batch and speed layers store
+  it: the rollups' cells (`grid[]`, `grid[country]`) are built from the same events with the key
+  projected, under their own names and versions, and the served row carries every plan's W and
+  version (`settings.plans`);
+
+starts the server as a subprocess, then measures:
 
 - `s1440`: the last day at 1m (1,440 cells straddling W) at a constant rate (target p99 <= 100 ms);
 - `s60`: the last hour at 1m (60 speed cells) at a constant rate (target p99 <= 50 ms);
@@ -15,7 +24,28 @@ subprocess, then measures:
 - `raw_ms`: the underlying PostgreSQL statement + Redis call of one s1440 request, and the
   ratio of an unloaded request's median latency to it;
 - `broker_cpu_s`, `broker_rss_mb`: the local Kafka broker's CPU seconds and peak RSS meanwhile
-  (queries never read Kafka: this is what an idle broker costs beside the server).
+  (queries never read Kafka: this is what an idle broker costs beside the server);
+
+then, on the grid dataset (issue #13), each a 1-hour series over the last day (24 points, the
+window straddling W and the ones after it merged from both stores):
+
+- a check: `grid`'s total (answered by the `grid[]` rollup) equals `grid_plain`'s total
+  (merged over every key at query time), counts exactly; the run stops if not;
+- `total_merged_first_ms`: that first `grid_plain` total (nothing of it cached yet);
+- `total_rollup`: `grid`'s total at a constant rate (target p99 <= 20 ms at 200 req/s);
+- `total_merged_warm_p99_ms`: `grid_plain`'s total at a constant rate, once warm (target
+  p99 <= 100 ms; 5 req/s by default, half a core at the target's cost: at a rate past what
+  one worker serves, the p99 measures the backlog, not a request);
+- `group_by`: `grid` with `group_by=page` (100 groups; no rollup keeps `page`, so every full
+  key is read), its first request and then a constant rate (target p99 <= 250 ms; 2 req/s
+  by default, for the same reason);
+- `s60_1000`: the s60 query at 1,000 req/s (target p99 <= 20 ms, >= 98% achieved).
+
+The newest event is placed so that W falls `W_MINUTE` minutes into an hour whatever the time of
+the run (the cost of a merged series of hours depends on it). `serving.max_cells` is raised to
+`GRID_MAX_CELLS`: merging every key's hourly cells over a day reads ~2 x 10^5 cells, past the
+default limit of 50,000 (a 400). `--profile DIR` records the server with
+py-spy (`DIR/<scenario>.txt`, folded stacks) during each grid scenario and s60_1000.
 
 The load generator runs on the same machine as the server (here: 2 cores, shared)."""
 
@@ -23,23 +53,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
+import itertools
+import math
 import os
 import random
+import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 from urllib.request import urlopen
 
+import orjson
 import psycopg
+import pyarrow as pa
 import redis
 import redis.asyncio as aioredis
 import uvloop
@@ -51,6 +87,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from batch_layer.publish import Publication, publish_full_generation  # noqa: E402
+from batch_layer.run_plan import CELL_SCHEMA  # noqa: E402
 from bench.broker_usage import BrokerUsage  # noqa: E402
 from lambdactl.stack import stack_up  # noqa: E402
 from serving_layer.batch_view import SERIES_SQL  # noqa: E402
@@ -58,8 +95,9 @@ from serving_layer.merged_view import MergedView, split_starts  # noqa: E402
 from serving_layer.timefmt import format_time  # noqa: E402
 from shared.aggregations import CellState, encode_state, fold_inputs  # noqa: E402
 from shared.config import Settings  # noqa: E402
-from shared.db.cells import BatchCell  # noqa: E402
+from shared.db.cells import CELL_COLUMNS, BatchCell  # noqa: E402
 from shared.db.migrate import upgrade  # noqa: E402
+from shared.metric_plan import MetricPlan, versions_of  # noqa: E402
 from shared.speed_view import EPOCH_KEY, cell_key, encode_key, fence_key  # noqa: E402
 
 MINUTE, HOUR, DAY = 60_000, 3_600_000, 86_400_000
@@ -69,16 +107,33 @@ KEYS = 10_000
 HOT_KEYS = 50
 REDIS_DB = 11
 PG_DB = "lp_bench"
+COUNTRIES = PAGES = 100
+W_MINUTE = 30
+"""The newest event is the last minute before now that puts W this many minutes into an hour,
+so every run merges as much at query time: a series of hours recomputes the hour straddling W
+and the hours after it on every request (from 62 to 121 minutes of cells, by W's minute)."""
+GRID_MAX_CELLS = 1_000_000
+"""`serving.max_cells` for the bench: a day of `grid_plain`'s total reads ~2 x 10^5 cells."""
 
 
 def bench_config(pg_url: str, redis_url: str, quantiles: bool = False) -> dict[str, Any]:
-    """The benchmark's one metric; `quantiles` adds `quantiles(latency_ms)` to it."""
+    """The benchmark's metrics: `views` (`quantiles` adds `quantiles(latency_ms)` to it) and
+    the grid pair, `grid` with rollups and `grid_plain` without, otherwise identical."""
     aggregations = ["count", "sum", "min", "max", "avg", "distinct(user_id)"]
+    grid = {
+        "source": "grid",
+        "key": ["country", "page"],
+        "value": "latency_ms",
+        "aggregations": list(aggregations),
+        "windows": ["1m", "1h", "1d"],
+        "grace": "2m",
+    }
     if quantiles:
         aggregations.append("quantiles(latency_ms)")
     return {
         "sources": [
-            {"name": "bench", "topic": "bench-views", "time_field": "ts", "partitions": PARTITIONS}
+            {"name": "bench", "topic": "bench-views", "time_field": "ts", "partitions": PARTITIONS},
+            {"name": "grid", "topic": "bench-grid", "time_field": "ts", "partitions": PARTITIONS},
         ],
         "metrics": [
             {
@@ -89,10 +144,13 @@ def bench_config(pg_url: str, redis_url: str, quantiles: bool = False) -> dict[s
                 "aggregations": aggregations,
                 "windows": ["1m", "1h", "1d"],
                 "grace": "2m",
-            }
+            },
+            {"name": "grid", **grid, "rollups": [[], ["country"]]},
+            {"name": "grid_plain", **grid},
         ],
         "redis": {"url": redis_url},
         "postgres": {"url": pg_url},
+        "serving": {"max_cells": GRID_MAX_CELLS},
     }
 
 
@@ -100,84 +158,191 @@ def _with_db(url: str, name: str) -> str:
     return url.rpartition("/")[0] + "/" + name
 
 
-def load_view(settings: Settings, newest: int, sparse_events: int, seed: int = 1) -> int:
+class CellBuilder:
+    """A metric's cells and its rollups' built from the same events, as the layers store them:
+    batch cells of every window for the base cells ending at or before W, speed sub-cells
+    per (base cell, source partition) after W. `plans` are the metric's plan and its rollups'
+    (each under its own name and version, the key projected); `copies` are metrics defined
+    like the first plan under another name, stored with the same states."""
+
+    def __init__(
+        self,
+        plans: Sequence[MetricPlan],
+        watermark: int,
+        rng: random.Random,
+        copies: Sequence[MetricPlan] = (),
+    ) -> None:
+        self.plans = plans
+        self.watermark = watermark
+        self.rng = rng
+        self.copies = copies
+        self.base = plans[0].base_window_ms
+        self.batch: list[defaultdict[tuple[int, int, tuple[str, ...]], Inputs]] = [
+            defaultdict(_inputs) for _ in plans
+        ]
+        self.speed: list[defaultdict[tuple[int, int, tuple[str, ...]], Inputs]] = [
+            defaultdict(_inputs) for _ in plans
+        ]
+        self.events = 0
+
+    def add(self, t: int, key: tuple[str, ...], value: float, user: str) -> None:
+        self.events += 1
+        base_start = t - t % self.base
+        if base_start + self.base <= self.watermark:
+            for plan, cells in zip(self.plans, self.batch, strict=True):
+                projected = key if plan.rollup is None else plan.rollup.project(key)
+                for size in plan.windows_ms:
+                    values, users = cells[(size, t - t % size, projected)]
+                    values.append(value)
+                    users.append(user)
+        else:  # one partition per event: a rollup regroups what its parent accepted there
+            partition = self.rng.randrange(PARTITIONS)
+            for plan, cells in zip(self.plans, self.speed, strict=True):
+                projected = key if plan.rollup is None else plan.rollup.project(key)
+                values, users = cells[(base_start, partition, projected)]
+                values.append(value)
+                users.append(user)
+
+    @staticmethod
+    def state_of(plan: MetricPlan, inputs: Inputs) -> CellState:
+        values, users = inputs
+        items = [values if i.number else users for i in plan.sketch_inputs]
+        return fold_inputs(plan.kinds, None, values, items, len(values))
+
+    def copies_of(self, plan: MetricPlan) -> tuple[MetricPlan, ...]:
+        return (plan, *self.copies) if plan is self.plans[0] else (plan,)
+
+    def batch_table(self) -> pa.Table:
+        """Every batch cell, as a table of the `BatchCell` columns (what a batch run hands to
+        `publish_full_generation`: COPY'd as Arrow-written CSV, ~3x faster than row by row)."""
+        columns: list[list[Any]] = [[] for _ in CELL_COLUMNS]
+        for plan, cells in zip(self.plans, self.batch, strict=True):
+            targets = self.copies_of(plan)
+            for (size, start, key), inputs in cells.items():
+                cell = BatchCell(
+                    plan.name, plan.version, size, start, list(key), 0, 0.0, None, None, [], []
+                ).with_state(self.state_of(plan, inputs), plan.kinds)
+                values = cell.columns()
+                for target in targets:
+                    columns[0].append(target.name)
+                    columns[1].append(target.version)
+                    for column, value in zip(columns[2:], values[2:], strict=True):
+                        column.append(value)
+        return pa.table(dict(zip(CELL_COLUMNS, columns, strict=True)), schema=CELL_SCHEMA)
+
+    def speed_fields(self) -> Iterator[tuple[str, bytes, bytes]]:
+        """(cell hash, field, state) of every speed sub-cell."""
+        for plan, cells in zip(self.plans, self.speed, strict=True):
+            for (start, partition, key), inputs in cells.items():
+                field, state = encode_key(key), encode_state(self.state_of(plan, inputs))
+                for target in self.copies_of(plan):
+                    yield cell_key(target.name, target.version, start, partition), field, state
+
+
+Inputs = tuple[list[float], list[str]]
+"""A cell's events: their values and their distinct field's values."""
+
+
+def _inputs() -> Inputs:
+    return [], []
+
+
+def views_events(builder: CellBuilder, newest: int, sparse_events: int, rng: random.Random) -> None:
     """Events for 10k keys (50 hot keys with events every minute of the last 26 h, the rest
-    sparse), aggregated into batch cells up to W (every window) and speed sub-cells after W."""
-    metric = settings.plans[settings.metrics[0].name]
-    version = metric.version
-    watermark = (newest - HOUR - GRACE) // MINUTE * MINUTE
-    rng = random.Random(seed)
+    sparse)."""
     first = newest - 26 * HOUR
-    states: dict[tuple[int, int, str], list[tuple[float, str]]] = defaultdict(list)
-    speed: dict[tuple[int, int, str], list[tuple[float, str]]] = defaultdict(list)
-
-    def add(t: int, page: str, value: float, user: str) -> None:
-        base_start = t - t % MINUTE
-        if base_start + MINUTE <= watermark:
-            for size in metric.windows_ms:
-                states[(size, t - t % size, page)].append((value, user))
-        else:
-            speed[(base_start, rng.randrange(PARTITIONS), page)].append((value, user))
-
-    def state_of(events: list[tuple[float, str]]) -> CellState:
-        values = [v for v, _ in events]
-        items = [values if i.number else [u for _, u in events] for i in metric.sketch_inputs]
-        return fold_inputs(metric.kinds, None, values, items, len(events))
-
     for h in range(HOT_KEYS):
-        page = f"/hot/{h}"
+        page = (f"/hot/{h}",)
         for minute in range(first, newest, MINUTE):
             for _ in range(3):
-                add(
+                builder.add(
                     minute + rng.randrange(MINUTE),
                     page,
                     rng.lognormvariate(4, 0.6),
                     f"u{rng.randrange(2000)}",
                 )
     for _ in range(sparse_events):
-        page = f"/page/{rng.randrange(KEYS - HOT_KEYS)}"
-        add(
+        page = (f"/page/{rng.randrange(KEYS - HOT_KEYS)}",)
+        builder.add(
             rng.randrange(first, newest),
             page,
             rng.lognormvariate(4, 0.6),
             f"u{rng.randrange(20000)}",
         )
 
-    rows = (
-        BatchCell(metric.name, version, size, start, [page], 0, 0.0, None, None, [], []).with_state(
-            state_of(events), metric.kinds
+
+def grid_events(builder: CellBuilder, newest: int, events: int, rng: random.Random) -> None:
+    """`events` events over the last 26 h, each of a key of the 100 x 100 grid drawn evenly."""
+    first = newest - 26 * HOUR
+    countries = [f"c{c:02d}" for c in range(COUNTRIES)]
+    pages = [f"/p/{p:02d}" for p in range(PAGES)]
+    for _ in range(events):
+        builder.add(
+            rng.randrange(first, newest),
+            (rng.choice(countries), rng.choice(pages)),
+            rng.lognormvariate(4, 0.6),
+            f"u{rng.randrange(20000)}",
         )
-        for (size, start, page), events in states.items()
-    )
+
+
+def load_view(settings: Settings, newest: int, sparse_events: int, grid_event_count: int) -> int:
+    """Both datasets aggregated into batch cells up to W (every window) and speed sub-cells
+    after W, for every plan (rollups included), published as one generation whose served row
+    names every plan's W and version, as a full batch run publishes them."""
+    plans = settings.plans
+    watermark = (newest - HOUR - GRACE) // MINUTE * MINUTE
+    began = time.monotonic()
+    views = CellBuilder([plans["views"]], watermark, random.Random(1))
+    views_events(views, newest, sparse_events, views.rng)
+    grid_plans = [
+        plans["grid"],
+        *(p for p in plans.values() if p.rollup and p.rollup.parent == "grid"),
+    ]
+    grid = CellBuilder(grid_plans, watermark, random.Random(2), copies=[plans["grid_plain"]])
+    grid_events(grid, newest, grid_event_count, grid.rng)
+    built = time.monotonic()
+
+    topics = {s.topic: {str(p): 0 for p in range(s.partitions)} for s in settings.sources}
     publication = Publication(
-        snapshot={"bench-views": {str(p): 0 for p in range(PARTITIONS)}},
-        watermarks={metric.name: watermark},
-        rebuild_from={"bench-views": {str(p): 0 for p in range(PARTITIONS)}},
-        versions={metric.name: version},
+        snapshot=topics,
+        watermarks={name: watermark for name in plans},
+        rebuild_from=topics,
+        versions=versions_of(plans.values()),
     )
+    rows = pa.concat_tables([views.batch_table(), grid.batch_table()])
+    folded = time.monotonic()
     with psycopg.connect(settings.postgres.url) as conn:
-        _, written = publish_full_generation(conn, rows, [], ["bench"], publication)
+        _, written = publish_full_generation(
+            conn, rows, [], [s.name for s in settings.sources], publication
+        )
         conn.commit()
-        conn.execute("ANALYZE batch_cells")
-        conn.commit()
+    published = time.monotonic()
+    with psycopg.connect(settings.postgres.url, autocommit=True) as conn:
+        # now (~1 s) rather than by autovacuum a minute or two later, during the measurements
+        conn.execute("VACUUM (ANALYZE) batch_cells")
+    vacuumed = time.monotonic()
     client = redis.Redis.from_url(settings.redis.url)
     client.flushdb()
     client.set(EPOCH_KEY, "bench")
     pipe = client.pipeline(transaction=False)
-    for n, ((start, partition, page), events) in enumerate(speed.items()):
-        pipe.hset(
-            cell_key(metric.name, version, start, partition),
-            encode_key([page]),
-            encode_state(state_of(events)),
-        )
-        if n % 5000 == 4999:
+    sub_cells = 0
+    for name, field, state in itertools.chain(views.speed_fields(), grid.speed_fields()):
+        pipe.hset(name, field, state)
+        sub_cells += 1
+        if sub_cells % 5000 == 0:
             pipe.execute()
-    for p in range(PARTITIONS):
-        pipe.hset(fence_key("bench-views", p), mapping={"offset": 1000, "stream_time": newest})
+    for source in settings.sources:
+        for p in range(source.partitions):
+            pipe.hset(fence_key(source.topic, p), mapping={"offset": 1000, "stream_time": newest})
     pipe.execute()
     print(
-        f"loaded {written} batch cells, {len(speed)} speed sub-cells; W = "
-        f"{format_time(watermark)}, newest event {format_time(newest)}",
+        f"loaded {written} batch cells, {sub_cells} speed sub-cells of {len(plans)} plans "
+        f"({', '.join(plans)}) from {views.events} + {grid.events} events; W = "
+        f"{format_time(watermark)}, newest event {format_time(newest)} (the hour straddling W "
+        f"holds {(watermark % HOUR) // MINUTE} min of batch cells); events grouped in "
+        f"{built - began:.0f} s, batch states folded in {folded - built:.0f} s, PostgreSQL "
+        f"{published - folded:.0f} s + VACUUM {vacuumed - published:.0f} s, speed states folded "
+        f"and written to Redis {time.monotonic() - vacuumed:.0f} s",
         flush=True,
     )
     return watermark
@@ -192,27 +357,37 @@ class RawHttp:
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
     async def get(self, path: str) -> int:
-        reused = bool(self._idle)
-        if reused:
-            reader, writer = self._idle.pop()
-        else:
-            reader, writer = await asyncio.open_connection(self.host, self.port)
-        try:
-            writer.write(f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\n\r\n".encode())
-            head = await reader.readuntil(b"\r\n\r\n")
-        except (OSError, asyncio.IncompleteReadError):
-            writer.close()
-            if not reused:
-                raise
-            return await self.get(path)  # the server closed an idle keep-alive connection
+        return (await self.fetch(path))[0]
+
+    async def fetch(self, path: str) -> tuple[int, bytes]:
+        """(status, body) of `GET path`."""
+        while True:
+            reused = bool(self._idle)
+            if reused:
+                reader, writer = self._idle.pop()
+                if reader.at_eof():  # closed by the server while idle (keep-alive timeout)
+                    writer.close()
+                    continue
+            else:
+                reader, writer = await asyncio.open_connection(self.host, self.port)
+            try:
+                writer.write(f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\n\r\n".encode())
+                head = await reader.readuntil(b"\r\n\r\n")
+                break
+            except (OSError, asyncio.IncompleteReadError):
+                writer.close()
+                if not reused:
+                    raise
+                # the server closed an idle keep-alive connection: try the next one (a loop:
+                # after an overload thousands may be closed, too many to recurse through)
         status = int(head[9:12])
         length = 0
         for line in head.split(b"\r\n"):
             if line[:15].lower() == b"content-length:":
                 length = int(line[15:])
-        await reader.readexactly(length)
+        body = await reader.readexactly(length)
         self._idle.append((reader, writer))
-        return status
+        return status, body
 
     def close(self) -> None:
         for _, writer in self._idle:
@@ -229,25 +404,34 @@ def pct(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+class Errors(Counter[int]):
+    """Failed requests by HTTP status (0: no answer: the connection failed or closed)."""
+
+    def __str__(self) -> str:
+        if not self:
+            return "0"
+        kinds = (f"{'no answer' if s == 0 else f'HTTP {s}'} x{n}" for s, n in sorted(self.items()))
+        return f"{self.total()} ({', '.join(kinds)})"
+
+
 async def open_loop(
     client: RawHttp, paths: Callable[[], str], rate: float, seconds: float
-) -> tuple[float, float, int]:
+) -> tuple[float, float, Errors]:
     """Send at a constant rate; latency from each request's scheduled time, so a generator or
     a server that falls behind is charged for it. One scheduler fires each request at its
     time (creating every request's task up front took longer than the first sends' slots,
     which charged the generator's own start-up to the first ~100 requests). Returns
     (p99 ms, achieved req/s, errors)."""
     latencies: list[float] = []
-    errors = 0
+    errors = Errors()
 
     async def one(scheduled: float) -> None:
-        nonlocal errors
         try:
             status = await client.get(paths())
         except (OSError, asyncio.IncompleteReadError):
             status = 0
         if status != 200:
-            errors += 1
+            errors[status] += 1
         latencies.append((clock() - scheduled) * 1000)
 
     in_flight = []
@@ -388,8 +572,15 @@ def start_server(config_path: Path, port: int) -> subprocess.Popen[bytes]:
 
 
 async def measure(
-    args: argparse.Namespace, port: int, newest: int, watermark: int, settings: Settings
-) -> None:
+    args: argparse.Namespace,
+    port: int,
+    newest: int,
+    watermark: int,
+    settings: Settings,
+    server_pid: int,
+) -> tuple[str, str]:
+    """Every scenario; returns the BENCH line's head (the views scenarios) and tail (grid and
+    s60_1000), which go either side of the broker's figures."""
     rng = random.Random(7)
     scale = 0.5 if args.quick else 1.0
 
@@ -462,13 +653,202 @@ async def measure(
         f"median {request_ms:.2f} ms",
         flush=True,
     )
-    print(
+    head = (
         f"BENCH serve s1440_rate={args.s1440_rate} s1440_achieved_rps={s1440_rps:.1f} "
         f"s1440_p99_ms={s1440_p99:.1f} s60_rate={args.s60_rate} "
         f"s60_achieved_rps={s60_rps:.1f} s60_p99_ms={s60_p99:.1f} max_rps={max_rps:.0f} "
-        f"top_p99_ms={top_p99:.1f} raw_ms={raw:.2f} ratio={request_ms / raw:.2f}",
-        end=" ",
+        f"top_p99_ms={top_p99:.1f} raw_ms={raw:.2f} ratio={request_ms / raw:.2f}"
+    )
+    return head, await measure_grid(args, port, newest, server_pid, series(HOUR))
+
+
+def day_of_hours(newest: int) -> dict[str, str]:
+    """The last day as 24 one-hour windows: from `newest - 24 h` rounded up to the hour (the
+    last window is the hour `newest` falls in)."""
+    start = -(-(newest - DAY) // HOUR) * HOUR
+    return {"window": "1h", "start": format_time(start), "end": format_time(newest)}
+
+
+def check_totals(rolled: dict[str, Any], merged: dict[str, Any]) -> str:
+    """The rollup's total against the total merged over every key: the same windows, W,
+    sources, counts, min and max; sums and averages to a relative 1e-9; distinct counts are
+    reported (a rollup's sketch is built from the events, the merged one by unions)."""
+    problems = []
+    for field in ("batch_watermark", "speed_status"):
+        if rolled[field] != merged[field]:
+            problems.append(f"{field}: {rolled[field]} != {merged[field]}")
+    a, b = rolled["points"], merged["points"]
+    if len(a) != 24 or len(b) != 24:
+        problems.append(f"{len(a)} and {len(b)} points, not 24")
+    worst_distinct = 0.0
+    for x, y in zip(a, b, strict=False):
+        for field in ("start", "end", "source", "count", "min", "max"):
+            if x[field] != y[field]:
+                problems.append(f"{x['start']} {field}: {x[field]} != {y[field]}")
+        for field in ("sum", "avg"):
+            if not math.isclose(x[field], y[field], rel_tol=1e-9):
+                problems.append(f"{x['start']} {field}: {x[field]} != {y[field]}")
+        d1, d2 = x["distinct_user_id"], y["distinct_user_id"]
+        worst_distinct = max(worst_distinct, abs(d1 - d2) / max(d1, d2, 1))
+    if problems:
+        raise SystemExit("grid total (rollup) != grid_plain total (merged): " + "; ".join(problems))
+    sources = ",".join(
+        f"{s}:{sum(p['source'] == s for p in a)}" for s in ("batch", "mixed", "speed")
+    )
+    return (
+        f"check: grid's total (rollup grid[]) == grid_plain's total (merged over every key): "
+        f"{len(a)} points ({sources}), {sum(p['count'] for p in a)} events, counts/min/max "
+        f"equal, sum/avg within 1e-9; distinct_user_id differs by at most "
+        f"{100 * worst_distinct:.2f}%"
+    )
+
+
+@contextlib.contextmanager
+def profiled(directory: Path | None, pid: int, name: str) -> Iterator[None]:
+    """py-spy records the server process while the block runs (folded stacks, one line per
+    distinct stack, aggregated by function) into `directory/<name>.txt`; nothing without a
+    directory."""
+    if directory is None:
+        yield
+        return
+    out = directory / f"{name}.txt"
+    spy = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("py-spy")),
+            *("record", "--pid", str(pid), "--format", "raw", "--output", str(out)),
+            *("--function", "--nonblocking", "--rate", "200"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(1.5)  # attached
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(60)
+        print(f"  profile: {out}; {profile_top(out)}", flush=True)
+
+
+def profile_top(path: Path, n: int = 8) -> str:
+    """The `n` functions the most samples were in (self time), with their share."""
+    if not path.exists():
+        return "no samples"
+    own: defaultdict[str, int] = defaultdict(int)
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        own[stack.rsplit(";", 1)[-1]] += int(count)
+    total = sum(own.values())
+    ranked = sorted(own.items(), key=lambda item: -item[1])[:n]
+    return f"{total} samples, self: " + ", ".join(
+        f"{frame} {100 * samples / total:.0f}%" for frame, samples in ranked
+    )
+
+
+async def measure_grid(
+    args: argparse.Namespace, port: int, newest: int, server_pid: int, s60: Callable[[], str]
+) -> str:
+    """The grid scenarios and s60_1000 (see the module's doc); returns their BENCH fields."""
+    scale = 0.5 if args.quick else 1.0
+    profile = None if args.profile is None else Path(args.profile)
+    if profile is not None:
+        profile.mkdir(parents=True, exist_ok=True)
+    day = day_of_hours(newest)
+
+    def path(metric: str, **extra: str) -> str:
+        return f"/v1/metrics/{metric}/series?" + urlencode({**day, **extra})
+
+    rolled_path, merged_path = path("grid"), path("grid_plain")
+    grouped_path = path("grid", group_by="page")
+    clients: list[RawHttp] = []
+
+    async def fresh() -> RawHttp:
+        """A client per phase, its first connection opened before the phase (an overloaded
+        phase leaves hundreds of connections behind, which the server then closes)."""
+        for old in clients:
+            old.close()
+        clients[:] = [RawHttp("127.0.0.1", port)]
+        await clients[0].get("/v1/metrics")
+        return clients[0]
+
+    client = await fresh()
+
+    with profiled(profile, server_pid, "total_merged_first"):
+        started = clock()
+        status, merged_body = await client.fetch(merged_path)
+        merged_first_ms = (clock() - started) * 1000
+    if status != 200:
+        raise SystemExit(f"grid_plain total: HTTP {status}: {merged_body[:300]!r}")
+    status, rolled_body = await client.fetch(rolled_path)
+    if status != 200:
+        raise SystemExit(f"grid total: HTTP {status}: {rolled_body[:300]!r}")
+    print(
+        f"total_merged_first (grid_plain, 1h x 24 over every key, nothing cached): "
+        f"{merged_first_ms:.0f} ms",
         flush=True,
+    )
+    print(check_totals(orjson.loads(rolled_body), orjson.loads(merged_body)), flush=True)
+
+    def fixed(path: str) -> Callable[[], str]:
+        return lambda: path
+
+    with profiled(profile, server_pid, "total_rollup"):
+        rolled_p99, rolled_rps, e1 = await open_loop(
+            await fresh(), fixed(rolled_path), args.total_rollup_rate, 20 * scale
+        )
+    print(
+        f"total_rollup (grid, the rollup grid[]): {args.total_rollup_rate:g} req/s offered, "
+        f"{rolled_rps:.1f} achieved, p99 {rolled_p99:.1f} ms, errors {e1}",
+        flush=True,
+    )
+    with profiled(profile, server_pid, "total_merged_warm"):
+        merged_p99, merged_rps, e2 = await open_loop(
+            await fresh(), fixed(merged_path), args.merged_rate, 30 * scale
+        )
+    print(
+        f"total_merged_warm (grid_plain): {args.merged_rate:g} req/s offered, "
+        f"{merged_rps:.1f} achieved, p99 {merged_p99:.1f} ms, errors {e2}",
+        flush=True,
+    )
+    client = await fresh()
+    with profiled(profile, server_pid, "group_by_first"):
+        started = clock()
+        status, body = await client.fetch(grouped_path)
+        grouped_first_ms = (clock() - started) * 1000
+    groups = orjson.loads(body)["groups"] if status == 200 else []
+    if status != 200 or len(groups) != PAGES or any(len(g["points"]) != 24 for g in groups):
+        raise SystemExit(f"group_by=page: HTTP {status}: {body[:300]!r}")
+    with profiled(profile, server_pid, "group_by"):
+        grouped_p99, grouped_rps, e3 = await open_loop(
+            await fresh(), fixed(grouped_path), args.group_by_rate, 30 * scale
+        )
+    print(
+        f"group_by (grid, group_by=page: {len(groups)} groups x 24 points, every full key): "
+        f"first {grouped_first_ms:.0f} ms; {args.group_by_rate:g} req/s offered, "
+        f"{grouped_rps:.1f} achieved, p99 {grouped_p99:.1f} ms, errors {e3}",
+        flush=True,
+    )
+    before = series_histogram(port)
+    with profiled(profile, server_pid, "s60_1000"):
+        high_p99, high_rps, e4 = await open_loop(await fresh(), s60, args.s60_1000_rate, 20 * scale)
+    inside = server_p99_bound_ms(before, series_histogram(port))
+    high_pct = 100 * high_rps / args.s60_1000_rate
+    print(
+        f"s60_1000: {args.s60_1000_rate:g} req/s offered, {high_rps:.1f} achieved "
+        f"({high_pct:.1f}%), p99 {high_p99:.1f} ms, errors {e4}; inside the server p99 <= "
+        f"{inside:g} ms",
+        flush=True,
+    )
+    for old in clients:
+        old.close()
+    return (
+        f"total_rollup_rate={args.total_rollup_rate:g} total_rollup_achieved_rps={rolled_rps:.1f} "
+        f"total_rollup_p99_ms={rolled_p99:.1f} total_merged_first_ms={merged_first_ms:.0f} "
+        f"total_merged_rate={args.merged_rate:g} total_merged_warm_p99_ms={merged_p99:.1f} "
+        f"group_by_rate={args.group_by_rate:g} group_by_first_ms={grouped_first_ms:.0f} "
+        f"group_by_p99_ms={grouped_p99:.1f} s60_1000_rate={args.s60_1000_rate:g} "
+        f"s60_1000_achieved_rps={high_rps:.1f} s60_1000_achieved_pct={high_pct:.1f} "
+        f"s60_1000_p99_ms={high_p99:.1f}"
     )
 
 
@@ -479,6 +859,16 @@ def main() -> None:
     parser.add_argument("--s60-rate", type=float, default=500)
     parser.add_argument(
         "--quantiles", action="store_true", help="the metric also keeps quantiles(latency_ms)"
+    )
+    parser.add_argument("--total-rollup-rate", type=float, default=200)
+    parser.add_argument("--merged-rate", type=float, default=5)
+    parser.add_argument("--group-by-rate", type=float, default=2)
+    parser.add_argument("--s60-1000-rate", type=float, default=1000)
+    parser.add_argument(
+        "--grid-events", type=int, help="events of the grid dataset (300k; --quick 150k)"
+    )
+    parser.add_argument(
+        "--profile", metavar="DIR", help="py-spy the server during the grid scenarios into DIR"
     )
     args = parser.parse_args()
 
@@ -499,9 +889,11 @@ def main() -> None:
     )
     settings = Settings(**config)
     upgrade(settings.postgres.url)
-    newest = int(time.time() * 1000) // MINUTE * MINUTE
+    now = int(time.time() * 1000) // MINUTE * MINUTE
+    newest = now - (now - W_MINUTE * MINUTE - HOUR - GRACE) % HOUR
     started = time.monotonic()
-    watermark = load_view(settings, newest, 150_000 if args.quick else 400_000)
+    grid_events = args.grid_events or (150_000 if args.quick else 300_000)
+    watermark = load_view(settings, newest, 150_000 if args.quick else 400_000, grid_events)
     print(f"load took {time.monotonic() - started:.0f} s", flush=True)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -513,8 +905,10 @@ def main() -> None:
             gc.collect()
             gc.freeze()  # the generator's own GC pauses would be charged to the server
             with BrokerUsage() as broker:
-                uvloop.run(measure(args, port, newest, watermark, settings))
-            print(broker.figures(), flush=True)
+                head, tail = uvloop.run(
+                    measure(args, port, newest, watermark, settings, server.pid)
+                )
+            print(head, broker.figures(), tail, flush=True)
         finally:
             server.terminate()
             server.wait(10)
