@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from psycopg import sql
 
@@ -50,13 +51,21 @@ class Selection:
         """The filters as the answer renders them: dimension -> sorted values."""
         return {d: sorted(v) for d, v in self.filters}
 
+    @cached_property
+    def _filter_at(self) -> tuple[tuple[int, frozenset[str]], ...]:
+        return tuple((self.dims.index(d), values) for d, values in self.filters)
+
+    @cached_property
+    def _group_at(self) -> tuple[int, ...]:
+        return tuple(self.dims.index(d) for d in self.group_by)
+
     def matches(self, key: Sequence[str]) -> bool:
-        """Whether a stored key passes the filters."""
-        return all(key[self.dims.index(d)] in values for d, values in self.filters)
+        """Whether a stored key passes the filters (called per key: positions found once)."""
+        return all(key[i] in values for i, values in self._filter_at)
 
     def group_of(self, key: Sequence[str]) -> tuple[str, ...]:
         """The group a stored key falls in (its `group_by` dimensions)."""
-        return tuple(key[self.dims.index(d)] for d in self.group_by)
+        return tuple(key[i] for i in self._group_at)
 
     def sql_condition(self, column: str) -> tuple[sql.Composable, dict[str, list[str]]]:
         """`AND <column>[i] = ANY(...)` per filtered dimension, and its parameters."""
