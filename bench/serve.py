@@ -1,7 +1,8 @@
-"""Serving-layer benchmark: one uvicorn worker over real Redis + PostgreSQL holding a realistic
-view, driven open loop (latency counted from each request's scheduled send time).
+"""Serving-layer benchmark: the API (one uvicorn worker, or `--workers N` processes) over real
+Redis + PostgreSQL holding a realistic view, driven open loop (latency counted from each
+request's scheduled send time).
 
-    .venv/bin/python bench/serve.py [--quick] [--profile DIR]
+    .venv/bin/python bench/serve.py [--quick] [--workers N] [--profile DIR]
 
 It brings up the local stack (`lambdactl.stack.stack_up`), loads a fresh PostgreSQL database
 `lp_bench` and Redis database 11 directly in the stores' formats (4 source partitions,
@@ -550,11 +551,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(config_path: Path, port: int) -> subprocess.Popen[bytes]:
+def start_server(config_path: Path, port: int, workers: int) -> subprocess.Popen[bytes]:
     code = (
         "from serving_layer import run_server\n"
         "from shared.config import load_settings\n"
-        f"run_server(load_settings(), '127.0.0.1', {port})\n"
+        f"run_server(load_settings(), '127.0.0.1', {port}, workers={workers})\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAMBDA_")}
     env["LAMBDA_CONFIG"] = str(config_path)
@@ -654,8 +655,8 @@ async def measure(
         flush=True,
     )
     head = (
-        f"BENCH serve s1440_rate={args.s1440_rate} s1440_achieved_rps={s1440_rps:.1f} "
-        f"s1440_p99_ms={s1440_p99:.1f} s60_rate={args.s60_rate} "
+        f"BENCH serve workers={args.workers} s1440_rate={args.s1440_rate} "
+        f"s1440_achieved_rps={s1440_rps:.1f} s1440_p99_ms={s1440_p99:.1f} s60_rate={args.s60_rate} "
         f"s60_achieved_rps={s60_rps:.1f} s60_p99_ms={s60_p99:.1f} max_rps={max_rps:.0f} "
         f"top_p99_ms={top_p99:.1f} raw_ms={raw:.2f} ratio={request_ms / raw:.2f}"
     )
@@ -716,7 +717,7 @@ def profiled(directory: Path | None, pid: int, name: str) -> Iterator[None]:
         [
             str(Path(sys.executable).with_name("py-spy")),
             *("record", "--pid", str(pid), "--format", "raw", "--output", str(out)),
-            *("--function", "--nonblocking", "--rate", "200"),
+            *("--function", "--nonblocking", "--rate", "200", "--subprocesses"),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -868,6 +869,9 @@ def main() -> None:
         "--grid-events", type=int, help="events of the grid dataset (300k; --quick 150k)"
     )
     parser.add_argument(
+        "--workers", type=int, default=1, help="API processes (`lambdactl serve --workers`)"
+    )
+    parser.add_argument(
         "--profile", metavar="DIR", help="py-spy the server during the grid scenarios into DIR"
     )
     args = parser.parse_args()
@@ -900,7 +904,7 @@ def main() -> None:
         config_path = Path(tmp) / "lambda.yaml"
         config_path.write_text(yaml.safe_dump(config))
         port = free_port()
-        server = start_server(config_path, port)
+        server = start_server(config_path, port, args.workers)
         try:
             gc.collect()
             gc.freeze()  # the generator's own GC pauses would be charged to the server

@@ -168,11 +168,15 @@ def serve(
     host: Annotated[str | None, typer.Option()] = None,
     port: Annotated[int | None, typer.Option()] = None,
     access_log: Annotated[bool, typer.Option(help="log every request")] = False,
+    workers: Annotated[
+        int | None,
+        typer.Option(min=1, max=64, help="API processes on the port (default: serving.workers)"),
+    ] = None,
 ) -> None:
     """Run the HTTP API (and dashboard) with uvicorn."""
     from serving_layer import run_server
 
-    run_server(_settings(), host, port, access_log)
+    run_server(_settings(), host, port, access_log, workers)
 
 
 @app.command("produce")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import os
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -13,16 +16,21 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from serving_layer.errors import install_error_handlers
 from serving_layer.kafka_probe import KafkaProbe
 from serving_layer.merged_view import MergedView
-from serving_layer.observability import MetricsMiddleware, ServingMetrics, WatermarkAgeCollector
+from serving_layer.observability import (
+    MULTIPROCESS_DIR_ENV,
+    MetricsMiddleware,
+    ServingMetrics,
+    WatermarkAgeCollector,
+)
 from serving_layer.pools import AsyncDb, Db, async_pool, blocking_pool
 from serving_layer.responses import JSONResponse
 from serving_layer.routes import dashboard, health, metrics, runs, status
-from shared.config import Settings
+from shared.config import Settings, load_settings
 from shared.gc_tuning import freeze_startup_objects
 
 DESCRIPTION = """Merged batch + speed views of windowed metrics (Lambda architecture).
@@ -54,11 +62,11 @@ def create_app(settings: Settings) -> FastAPI:
             settings.kafka.bootstrap_servers, settings.serving.kafka_timeout_s
         )
         collector = WatermarkAgeCollector(settings, app.state.pg_pool)
-        observer.registry.register(collector)
+        observer.add_scrape_time(collector)
         try:
             yield
         finally:
-            observer.registry.unregister(collector)
+            observer.remove_scrape_time(collector)
             app.state.kafka.close()
             app.state.pg_pool.close()
             await query_pool.close()
@@ -79,7 +87,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/metrics", include_in_schema=False)
     def prometheus() -> Response:
-        return Response(generate_latest(observer.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(observer.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(dashboard.router)
     app.include_router(health.router)
@@ -92,19 +100,61 @@ def create_app(settings: Settings) -> FastAPI:
 
 
 def run_server(
-    settings: Settings, host: str | None = None, port: int | None = None, access_log: bool = False
+    settings: Settings,
+    host: str | None = None,
+    port: int | None = None,
+    access_log: bool = False,
+    workers: int | None = None,
 ) -> None:
-    """`lambdactl serve`: the app under uvicorn (uvloop + httptools), one process. The access
-    log is off unless asked for: it costs more per request than a cached series answer."""
-    app = create_app(settings)
+    """`lambdactl serve`: the app under uvicorn (uvloop + httptools). The access log is off
+    unless asked for: it costs more per request than a cached series answer.
+
+    With several workers, uvicorn's supervisor runs that many processes on one listening
+    socket (and replaces one that dies); each builds its app from the same settings (the
+    YAML file and `LAMBDA_*` environment it inherits), with caches of its own that are valid
+    per served row, so every process answers alike. Their Prometheus counters are summed
+    through a directory of the multiprocess mode (`PROMETHEUS_MULTIPROC_DIR`, made here
+    unless the operator gave one), so `/metrics` tells the whole server whichever process
+    answers the scrape."""
+    count = workers or settings.serving.workers
+    bind: dict[str, Any] = {
+        "host": host or settings.serving.host,
+        "port": port or settings.serving.port,
+        "log_level": "info",
+        "access_log": access_log,
+    }
+    if count == 1:
+        app = create_app(settings)
+        _keep_startup_out_of_gc()
+        uvicorn.run(app, **bind)
+        return
+    with _multiprocess_metrics_dir():
+        uvicorn.run(
+            f"{__name__}:{app_from_environment.__name__}", factory=True, workers=count, **bind
+        )
+
+
+def app_from_environment() -> FastAPI:
+    """The app of one worker process of `run_server`, from the settings it inherits."""
+    app = create_app(load_settings())
     _keep_startup_out_of_gc()
-    uvicorn.run(
-        app,
-        host=host or settings.serving.host,
-        port=port or settings.serving.port,
-        log_level="info",
-        access_log=access_log,
-    )
+    return app
+
+
+@contextmanager
+def _multiprocess_metrics_dir() -> Iterator[None]:
+    given = os.environ.get(MULTIPROCESS_DIR_ENV)
+    if given:
+        for stale in Path(given).glob("*.db"):  # counters of an earlier server would be summed in
+            stale.unlink()
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="lambda-serve-metrics-") as directory:
+        os.environ[MULTIPROCESS_DIR_ENV] = directory
+        try:
+            yield
+        finally:
+            del os.environ[MULTIPROCESS_DIR_ENV]
 
 
 def _keep_startup_out_of_gc() -> None:

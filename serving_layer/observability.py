@@ -1,16 +1,19 @@
 """Prometheus metrics of the serving layer, in a registry per app (tests build many apps):
 request latency per route, errors, merge sizes, and the batch watermark's age per metric,
-read from the served row at scrape time."""
+read from the served row at scrape time. When several API processes share a port, their
+counters and histograms are summed by prometheus-client's multiprocess mode."""
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from psycopg_pool import ConnectionPool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -20,6 +23,9 @@ from shared.db.served import read_served
 from shared.metric_plan import read_plans
 
 log = logging.getLogger(__name__)
+
+MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+"""Set before the worker processes start, it makes every counter of theirs a shared file."""
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 _CELL_BUCKETS = (0, 1, 10, 60, 100, 500, 1_000, 1_500, 5_000, 10_000, 50_000, 100_000)
@@ -59,6 +65,29 @@ class ServingMetrics:
             "Queries answered batch-only because Redis was unreachable",
             registry=self.registry,
         )
+
+        self._scrape_time: list[Collector] = []
+
+    def add_scrape_time(self, collector: Collector) -> None:
+        """A collector that reads its figures when scraped (not counted per process)."""
+        self._scrape_time.append(collector)
+        self.registry.register(collector)
+
+    def remove_scrape_time(self, collector: Collector) -> None:
+        self._scrape_time.remove(collector)
+        self.registry.unregister(collector)
+
+    def exposition(self) -> bytes:
+        """The `/metrics` text: this app's registry, or, under several worker processes,
+        every process's counters summed plus this process's scrape-time collectors."""
+        directory = os.environ.get(MULTIPROCESS_DIR_ENV)
+        if not directory:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=directory)
+        for collector in self._scrape_time:
+            registry.register(collector)
+        return generate_latest(registry)
 
     def observe_merge(self, endpoint: str, batch_cells: int, speed_states: int) -> None:
         self.merge_cells.labels(endpoint, "batch").observe(batch_cells)

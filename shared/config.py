@@ -286,6 +286,9 @@ class AuthSettings(_Strict):
 class ServingSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = 8000
+    workers: int = Field(default=1, ge=1, le=64)
+    """API processes sharing the port (`lambdactl serve`); one process saturates a core.
+    Each keeps its own caches, valid per served row, so they answer identically."""
     max_cells: int = Field(default=50_000, ge=1)
     """The most base cells one request may touch (series, top, keys); beyond it a 400."""
     max_top_n: int = Field(default=1000, ge=1)
