@@ -29,6 +29,7 @@ from shared.config import RunMode, Settings, SourceConfig
 from shared.db.connect import connect
 from shared.db.runs import RunRecord, get_run, mark_failed, try_runner_lock
 from shared.db.served import ServedView
+from shared.kafka import reader_options
 from shared.metric_plan import read_plans, versions_of
 
 log = logging.getLogger(__name__)
@@ -197,7 +198,7 @@ def _read_and_aggregate(
     slices = plan_slices(read.starts, ends, settings.spark.max_offsets_per_slice)
     rows = (
         spark.read.format("lambda_kafka")
-        .option("bootstrap", settings.kafka.bootstrap_servers)
+        .options(**reader_options(settings.kafka))
         .option("source", source.model_dump_json())
         .option(
             "metrics",

@@ -2,7 +2,8 @@
 Arrow record batches of *metric inputs*, validated by the shared parser so both layers agree.
 
 Format name `lambda_kafka`. Options:
-- `bootstrap`: Kafka bootstrap servers;
+- `kafka.<setting>`: the confluent-kafka client settings that reach the cluster (bootstrap
+  servers, TLS, SASL), from `shared.kafka.reader_options`;
 - `source`: the source config as JSON (`SourceConfig.model_dump_json()`);
 - `metrics`: a JSON list of the source's metric configs;
 - `slices`: a JSON list of `[partition, start_offset, end_offset]` (end exclusive), at most
@@ -13,7 +14,7 @@ Format name `lambda_kafka`. Options:
 Example::
 
     spark.dataSource.register(KafkaMetricInputs)
-    rows = (spark.read.format("lambda_kafka").option("bootstrap", "127.0.0.1:9092")
+    rows = (spark.read.format("lambda_kafka").options(**reader_options(settings.kafka))
             .option("source", source.model_dump_json()).option("metrics", metrics_json)
             .option("slices", json.dumps(plan_slices({}, ends, 250_000))).load())
 
@@ -45,6 +46,7 @@ from batch_layer.decode import Decoder, InputLayout
 from batch_layer.errors import ReadStalledError
 from shared.config import MetricConfig, SourceConfig
 from shared.gc_tuning import collector_paused
+from shared.kafka import client_config_of_options
 from shared.metric_plan import MetricPlan, compile_plan
 
 log = logging.getLogger(__name__)
@@ -108,7 +110,8 @@ class _Reader(DataSourceReader):
         create_times: list[int] = []
         values: list[bytes | None] = []
         with collector_paused():
-            for batch in read_slice(self.options["bootstrap"], source.topic, partition):
+            client = client_config_of_options(self.options)
+            for batch in read_slice(client, source.topic, partition):
                 offsets += batch.offsets
                 create_times += batch.create_times
                 values += batch.values
@@ -148,14 +151,15 @@ class Records:
     values: list[bytes | None]
 
 
-def read_slice(bootstrap: str, topic: str, part: Slice) -> Iterator[Records]:
+def read_slice(client: Mapping[str, str], topic: str, part: Slice) -> Iterator[Records]:
     """The offsets, CreateTimes (ms) and values of every committed record in the slice, one
-    fetch at a time (columns built by comprehensions: no per-record Python frames)."""
+    fetch at a time (columns built by comprehensions: no per-record Python frames). `client`:
+    the settings that reach the cluster (`shared.kafka.client_config`)."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **client,
             "group.id": "lambda-batch-reader",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",

@@ -175,8 +175,11 @@ def serve(
 ) -> None:
     """Run the HTTP API (and dashboard) with uvicorn."""
     from serving_layer import run_server
+    from serving_layer.auth import check_open_access
 
-    run_server(_settings(), host, port, access_log, workers)
+    settings = _settings()
+    check_open_access(settings)
+    run_server(settings, host, port, access_log, workers)
 
 
 @app.command("produce")
@@ -204,7 +207,7 @@ def produce_events(
         malformed_fraction=malformed,
         seed=seed,
     )
-    sent = produce(settings.kafka.bootstrap_servers, chosen.topic, generate(spec))
+    sent = produce(settings.kafka, chosen.topic, generate(spec))
     console.print(f"sent {sent} records to {chosen.topic}")
 
 

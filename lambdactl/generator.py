@@ -11,7 +11,9 @@ from dataclasses import dataclass
 import orjson
 from confluent_kafka import KafkaError, Producer
 
+from shared.config import KafkaSettings
 from shared.errors import LambdaError
+from shared.kafka import client_config
 
 PAGES = [f"/page/{i}" for i in range(40)] + ["/", "/search", "/cart", "/checkout"]
 
@@ -78,12 +80,12 @@ class ProduceError(LambdaError):
     """Records were not delivered; the CLI prints the message instead of a traceback."""
 
 
-def produce(bootstrap: str, topic: str, records: Iterator[SampleRecord]) -> int:
+def produce(kafka: KafkaSettings | str, topic: str, records: Iterator[SampleRecord]) -> int:
     """Send with an idempotent producer keyed by event id (copies share a partition); fails
-    loudly when the broker refused any record (e.g. the topic does not exist)."""
-    producer = Producer(
-        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20}
-    )
+    loudly when the broker refused any record (e.g. the topic does not exist). `kafka`: the
+    configured cluster, or the bootstrap servers of a PLAINTEXT one (tests, benchmarks)."""
+    cluster = kafka if isinstance(kafka, KafkaSettings) else KafkaSettings(bootstrap_servers=kafka)
+    producer = Producer({**client_config(cluster), "enable.idempotence": True, "linger.ms": 20})
     failed: list[KafkaError] = []
 
     def delivered(error: KafkaError | None, _message: object) -> None:

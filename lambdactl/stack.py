@@ -52,8 +52,9 @@ from psycopg import sql
 from rich.table import Table
 
 from lambdactl import kafka_broker
-from shared.config import Settings
+from shared.config import KafkaSettings, Settings
 from shared.errors import ServiceUnavailableError
+from shared.kafka import client_config
 
 START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 20
@@ -175,7 +176,7 @@ def _service_states(settings: Settings) -> list[ServiceState]:
         _describe(
             "kafka",
             settings.kafka.bootstrap_servers,
-            _kafka_error(settings.kafka.bootstrap_servers, host, port) is None,
+            _kafka_error(settings.kafka, host, port) is None,
             kafka_pid,
             _where(dirs.data("kafka"), dirs.log("kafka")),
         ),
@@ -226,7 +227,7 @@ def _kafka_up(settings: Settings, dirs: _Dirs) -> ServiceState:
     host, port = _kafka_address(settings)
 
     def probe() -> str | None:
-        return _kafka_error(settings.kafka.bootstrap_servers, host, port)
+        return _kafka_error(settings.kafka, host, port)
 
     def command() -> list[str]:
         java = _java_version()
@@ -627,12 +628,12 @@ def _port_open(host: str, port: int) -> bool:
         return False
 
 
-def _kafka_error(bootstrap: str, host: str, port: int) -> str | None:
+def _kafka_error(kafka: KafkaSettings, host: str, port: int) -> str | None:
     """None when the broker answers a metadata request: an open port is not enough (a broker
     may accept connections before it has registered, or the port may be another program's)."""
     if not _port_open(host, port):
         return f"nothing accepts connections on {host}:{port}"
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    admin = AdminClient({**client_config(kafka), "log_level": 0})
     try:
         admin.list_topics(timeout=3.0)
         return None

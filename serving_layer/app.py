@@ -18,8 +18,10 @@ from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from serving_layer.auth import check_open_access
 from serving_layer.errors import install_error_handlers
 from serving_layer.kafka_probe import KafkaProbe
+from serving_layer.limits import RequestLimits
 from serving_layer.merged_view import MergedView
 from serving_layer.observability import (
     MULTIPROCESS_DIR_ENV,
@@ -42,6 +44,7 @@ token for queries, an operator token for batch runs (it can also query). Every b
 
 
 def create_app(settings: Settings) -> FastAPI:
+    check_open_access(settings)
     observer = ServingMetrics()
 
     @asynccontextmanager
@@ -58,9 +61,7 @@ def create_app(settings: Settings) -> FastAPI:
             settings.redis.url, socket_timeout=1.0, socket_connect_timeout=0.5
         )
         app.state.view = MergedView(settings, async_redis)
-        app.state.kafka = KafkaProbe(
-            settings.kafka.bootstrap_servers, settings.serving.kafka_timeout_s
-        )
+        app.state.kafka = KafkaProbe(settings.kafka, settings.serving.kafka_timeout_s)
         collector = WatermarkAgeCollector(settings, app.state.pg_pool)
         observer.add_scrape_time(collector)
         try:
@@ -83,6 +84,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = observer
     install_error_handlers(app)
+    app.add_middleware(RequestLimits, serving=settings.serving)
     app.add_middleware(MetricsMiddleware, metrics=observer)
 
     @app.get("/metrics", include_in_schema=False)

@@ -1,15 +1,20 @@
 """Bearer tokens: readers query, operators also run batches. With no token configured the API
-is open (the local default). Tokens are compared in constant time and never logged."""
+is open: the local default, refused in any other profile unless asked for explicitly
+(`check_open_access`). Tokens are compared in constant time and never logged: the settings
+hold them as secrets, and no message echoes a presented token."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from typing import Annotated, Literal
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import SecretStr
 
-from shared.config import AuthSettings
+from shared.config import AuthSettings, Settings
+from shared.errors import ConfigError
 
 Role = Literal["reader", "operator"]
 
@@ -19,21 +24,42 @@ _bearer = HTTPBearer(
 )
 
 
-def _matches(token: str, candidates: tuple[str, ...]) -> bool:
+def check_open_access(settings: Settings) -> None:
+    """Refuse to serve without tokens outside the local profile, unless the operator said
+    so: an API left open by a forgotten variable lets anyone queue full recomputes. Called
+    by the app factory and, before any worker process starts, by `lambdactl serve`."""
+    if settings.profile == "local" or settings.auth.enabled or settings.auth.allow_open:
+        return
+    raise ConfigError(
+        f"profile {settings.profile!r} needs API tokens: set LAMBDA_AUTH__READER_TOKENS and "
+        "LAMBDA_AUTH__OPERATOR_TOKENS (comma-separated or a JSON list), or set "
+        "LAMBDA_AUTH__ALLOW_OPEN=true to serve without authentication on purpose"
+    )
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode()).digest()
+
+
+def _matches(presented: bytes, candidates: tuple[SecretStr, ...]) -> bool:
+    """Whether the presented token's digest is one of the candidates'. Every candidate is
+    compared, and digests have one length: the time taken tells neither which token
+    matched nor how long the configured ones are."""
     found = False
     for candidate in candidates:
-        found |= hmac.compare_digest(token.encode(), candidate.encode())
+        found |= hmac.compare_digest(presented, _digest(candidate.get_secret_value()))
     return found
 
 
 def role_of(auth: AuthSettings, token: str | None) -> Role | None:
     if token is None:
         return None
-    if _matches(token, auth.operator_tokens):
+    presented = _digest(token)
+    operator = _matches(presented, auth.operator_tokens)
+    reader = _matches(presented, auth.reader_tokens)
+    if operator:
         return "operator"
-    if _matches(token, auth.reader_tokens):
-        return "reader"
-    return None
+    return "reader" if reader else None
 
 
 def _unauthorized(message: str) -> HTTPException:

@@ -8,10 +8,13 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from shared.config import KafkaSettings
+from shared.kafka import client_config
+
 
 class KafkaProbe:
-    def __init__(self, bootstrap_servers: str, timeout_s: float) -> None:
-        self._bootstrap = bootstrap_servers
+    def __init__(self, kafka: KafkaSettings, timeout_s: float) -> None:
+        self._kafka = kafka
         self._timeout = timeout_s
         self._lock = threading.Lock()
         self._consumer: Consumer | None = None
@@ -20,7 +23,7 @@ class KafkaProbe:
         if self._consumer is None:
             self._consumer = Consumer(
                 {
-                    "bootstrap.servers": self._bootstrap,
+                    **client_config(self._kafka),
                     "group.id": "lambda-serving-probe",
                     "enable.auto.commit": False,
                     "socket.timeout.ms": int(self._timeout * 1000),

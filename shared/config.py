@@ -16,6 +16,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -176,16 +177,75 @@ class MetricConfig(_Strict):
         return self
 
 
+KafkaSecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
 class KafkaSettings(_Strict):
+    """The cluster and how every client of the platform reaches it (librdkafka's names, with
+    `_` for `.`); `shared.kafka` turns them into each client library's settings. The local
+    stack is PLAINTEXT."""
+
     bootstrap_servers: str = "127.0.0.1:9092"
+    security_protocol: KafkaSecurityProtocol = "PLAINTEXT"
+    sasl_mechanism: SaslMechanism | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_location: str | None = None
+    """CA certificates (PEM) the brokers' certificates are checked against; unset: the
+    system's."""
+    ssl_certificate_location: str | None = None
+    """The client's certificate (PEM), for brokers that authenticate clients by TLS."""
+    ssl_key_location: str | None = None
+    ssl_key_password: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _security_complete(self) -> KafkaSettings:
+        """A SASL or TLS setting the protocol would not use is a mistake that silently sends
+        plain text, and SASL without credentials fails only at the first connection."""
+        sasl = self.security_protocol.startswith("SASL_")
+        tls = self.security_protocol.endswith("SSL")
+        sasl_fields = ("sasl_mechanism", "sasl_username", "sasl_password")
+        tls_fields = (
+            "ssl_ca_location",
+            "ssl_certificate_location",
+            "ssl_key_location",
+            "ssl_key_password",
+        )
+        missing = [f for f in sasl_fields if sasl and getattr(self, f) is None]
+        if missing:
+            raise ValueError(
+                f"security_protocol {self.security_protocol} needs {', '.join(missing)}: set "
+                + ", ".join(f"LAMBDA_KAFKA__{f.upper()}" for f in missing)
+                + " (sasl_mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)"
+            )
+        unused = [f for f in sasl_fields if not sasl and getattr(self, f) is not None]
+        unused += [f for f in tls_fields if not tls and getattr(self, f) is not None]
+        if unused:
+            raise ValueError(
+                f"{', '.join(unused)} set, but security_protocol {self.security_protocol} does "
+                "not use them; set LAMBDA_KAFKA__SECURITY_PROTOCOL to SSL, SASL_PLAINTEXT or "
+                "SASL_SSL as the cluster expects, or drop them"
+            )
+        if (self.ssl_certificate_location is None) != (self.ssl_key_location is None):
+            raise ValueError(
+                "ssl_certificate_location and ssl_key_location go together (the client's "
+                "certificate and its private key); set both or neither"
+            )
+        return self
 
 
 class RedisSettings(_Strict):
     url: str = "redis://127.0.0.1:6379/0"
+    """Every Redis client is built from this URL alone, so TLS goes in it too: `rediss://`,
+    with redis-py's `ssl_ca_certs`, `ssl_certfile`, `ssl_keyfile` and `ssl_cert_reqs`
+    query parameters (README, Security)."""
 
 
 class PostgresSettings(_Strict):
     url: str = "postgresql://lambda:lambda@127.0.0.1:5432/lambda"
+    """A libpq URL, used as it is by every connection: TLS is its `sslmode`,
+    `sslrootcert`, `sslcert` and `sslkey` parameters (README, Security)."""
 
 
 class SparkSettings(_Strict):
@@ -269,14 +329,17 @@ def _token_list(value: object) -> object:
     return value
 
 
-TokenList = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_token_list)]
+TokenList = Annotated[tuple[SecretStr, ...], NoDecode, BeforeValidator(_token_list)]
+"""Secrets: `repr`, `str` and JSON dumps of the settings show `**********`, never a token."""
 
 
 class AuthSettings(_Strict):
-    """Bearer tokens; with none configured the API is open (the local default)."""
+    """Bearer tokens. With none configured the API is open: the local default; any other
+    profile refuses to serve open unless `allow_open` says so (`serving_layer.auth`)."""
 
     reader_tokens: TokenList = ()
     operator_tokens: TokenList = ()
+    allow_open: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -306,6 +369,14 @@ class ServingSettings(_Strict):
     before giving it up; a request that then finds no connection starts a fresh attempt, so
     after an outage the API reconnects within about half of this, not after a backoff grown
     during the outage."""
+    max_body_bytes: int = Field(default=64 * 1024, ge=1)
+    """The largest request body (Content-Length or streamed); beyond it a 413. Run requests
+    are a few dozen bytes."""
+    max_url_bytes: int = Field(default=8 * 1024, ge=256)
+    """The longest request target (path and query string); beyond it a 414."""
+    max_param_chars: int = Field(default=1024, ge=1)
+    """The longest query parameter value (a dimension value, `prefix`, `group_by`...);
+    beyond it a 400."""
 
 
 class StackSettings(_Strict):
@@ -319,6 +390,9 @@ class Settings(BaseSettings):
         env_prefix="LAMBDA_", env_nested_delimiter="__", extra="forbid", frozen=True
     )
 
+    profile: Literal["local", "production"] = "local"
+    """`local`: the laptop stack, open API allowed. Anything else is a deployment, where the
+    API refuses to start without tokens unless `auth.allow_open` is set."""
     sources: tuple[SourceConfig, ...] = ()
     metrics: tuple[MetricConfig, ...] = ()
     batch: BatchConfig = BatchConfig()

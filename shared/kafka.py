@@ -1,15 +1,28 @@
-"""Kafka helpers used by more than one layer: topic administration and client settings."""
+"""Kafka helpers used by more than one layer: topic administration and client settings.
+
+Every client the platform builds reaches the cluster the way `KafkaSettings` says (TLS, SASL),
+through one translation per client library: `client_config` for confluent-kafka (librdkafka),
+`faust_credentials` for Faust (aiokafka), `reader_options`/`client_config_of_options` for the
+batch layer's Spark data source, whose options cross to the Python workers as strings."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
+from pydantic import SecretStr
 
-from shared.config import Settings
-from shared.errors import ServiceUnavailableError, TopicMismatchError
+from shared.config import KafkaSettings, Settings
+from shared.errors import ConfigError, ServiceUnavailableError, TopicMismatchError
+
+if TYPE_CHECKING:
+    from faust.types.auth import CredentialsT
+
+_READER_OPTION_PREFIX = "kafka."
 
 
 @dataclass(frozen=True)
@@ -30,8 +43,81 @@ def platform_topics(settings: Settings) -> list[TopicSpec]:
     return specs
 
 
+def client_config(kafka: KafkaSettings) -> dict[str, str]:
+    """The confluent-kafka (librdkafka) settings that reach the cluster: the bootstrap
+    servers and, when configured, TLS and SASL. Each client adds its own tuning to it."""
+    config = {
+        "bootstrap.servers": kafka.bootstrap_servers,
+        "security.protocol": kafka.security_protocol,
+    }
+    optional = {
+        "sasl.mechanism": kafka.sasl_mechanism,
+        "sasl.username": kafka.sasl_username,
+        "sasl.password": _revealed(kafka.sasl_password),
+        "ssl.ca.location": kafka.ssl_ca_location,
+        "ssl.certificate.location": kafka.ssl_certificate_location,
+        "ssl.key.location": kafka.ssl_key_location,
+        "ssl.key.password": _revealed(kafka.ssl_key_password),
+    }
+    config.update({key: value for key, value in optional.items() if value is not None})
+    return config
+
+
+def faust_credentials(kafka: KafkaSettings) -> CredentialsT | None:
+    """Faust's `broker_credentials` for the same settings (aiokafka under it takes an
+    `ssl.SSLContext`, not file names); None for PLAINTEXT. The context verifies the broker's
+    certificate and host name, as librdkafka does. An encrypted key without its password
+    fails here: OpenSSL would otherwise ask for it on the terminal."""
+    from aiokafka.helpers import create_ssl_context
+    from faust.auth import SASLCredentials, SSLCredentials
+
+    context = None
+    if kafka.security_protocol.endswith("SSL"):
+        try:
+            context = create_ssl_context(
+                cafile=kafka.ssl_ca_location,
+                certfile=kafka.ssl_certificate_location,
+                keyfile=kafka.ssl_key_location,
+                password=_revealed(kafka.ssl_key_password) or "",
+            )
+        except OSError as exc:  # ssl.SSLError included
+            raise ConfigError(
+                f"the Kafka TLS files could not be loaded ({exc}); check "
+                "LAMBDA_KAFKA__SSL_CA_LOCATION, LAMBDA_KAFKA__SSL_CERTIFICATE_LOCATION, "
+                "LAMBDA_KAFKA__SSL_KEY_LOCATION and LAMBDA_KAFKA__SSL_KEY_PASSWORD"
+            ) from exc
+    if kafka.security_protocol.startswith("SASL_"):
+        return SASLCredentials(
+            username=kafka.sasl_username,
+            password=_revealed(kafka.sasl_password),
+            mechanism=kafka.sasl_mechanism,
+            ssl_context=context,
+        )
+    return None if context is None else SSLCredentials(context)
+
+
+def _revealed(secret: SecretStr | None) -> str | None:
+    return None if secret is None else secret.get_secret_value()
+
+
+def reader_options(kafka: KafkaSettings) -> dict[str, str]:
+    """`client_config` as options of the batch layer's Spark data source (`kafka.<key>`,
+    like Spark's own Kafka source). Spark redacts the values of options named like a
+    password in its UI and logs."""
+    return {_READER_OPTION_PREFIX + key: value for key, value in client_config(kafka).items()}
+
+
+def client_config_of_options(options: Mapping[str, str]) -> dict[str, str]:
+    """The client settings `reader_options` put among a data source's options."""
+    return {
+        key.removeprefix(_READER_OPTION_PREFIX): value
+        for key, value in options.items()
+        if key.startswith(_READER_OPTION_PREFIX)
+    }
+
+
 def admin_client(settings: Settings) -> AdminClient:
-    return AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers})
+    return AdminClient({**client_config(settings.kafka)})
 
 
 def live_partition_counts(admin: AdminClient, timeout_s: float = 10.0) -> dict[str, int]:

@@ -51,7 +51,7 @@ from shared.backoff import Backoff
 from shared.config import Settings
 from shared.faults import fault_point
 from shared.gc_tuning import collector_paused, freeze_startup_objects
-from shared.kafka import check_topics
+from shared.kafka import check_topics, faust_credentials
 from shared.lateness import id_bucket_closed
 from shared.speed_view import (
     APPLIED,
@@ -317,6 +317,7 @@ class SpeedWorker:
         app = faust.App(
             speed.app_id,
             broker=f"kafka://{self.settings.kafka.bootstrap_servers}",
+            broker_credentials=faust_credentials(self.settings.kafka),
             value_serializer="raw",
             key_serializer="raw",
             store="memory://",

@@ -11,6 +11,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from shared.config import Settings
+from shared.kafka import client_config
 from speed_layer.errors import SideTopicError
 from speed_layer.processor import Rejected
 
@@ -29,7 +30,7 @@ class SideTopicPublisher:
     def __init__(self, settings: Settings) -> None:
         self.producer = Producer(
             {
-                "bootstrap.servers": settings.kafka.bootstrap_servers,
+                **client_config(settings.kafka),
                 "linger.ms": 5,
                 "message.max.bytes": 16 * 1024 * 1024,
             }

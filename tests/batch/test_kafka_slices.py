@@ -8,7 +8,7 @@ import pytest
 from confluent_kafka import Producer
 
 from batch_layer.kafka_source import Slice, read_slice
-from shared.kafka import create_topics
+from shared.kafka import client_config, create_topics
 from tests.conftest import Platform
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(180)]
@@ -35,12 +35,12 @@ def test_slices_of_a_partition_larger_than_the_default_response_limit(
         producer.produce(topic, str(i).encode().ljust(_RECORD_BYTES, b" "), partition=0)
         producer.poll(0)
     assert producer.flush(60) == 0
-    bootstrap = platform.settings.kafka.bootstrap_servers
+    client = client_config(platform.settings.kafka)
 
     def read(start: int, end: int) -> list[tuple[int, int]]:
         return [
             (offset, int(value))
-            for records in read_slice(bootstrap, topic, Slice(0, start, end))
+            for records in read_slice(client, topic, Slice(0, start, end))
             for offset, value in zip(records.offsets, records.values, strict=True)
             if value is not None
         ]

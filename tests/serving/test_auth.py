@@ -8,6 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from serving_layer import create_app
+from shared.config import AuthSettings
 from tests.conftest import Platform
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(120)]
@@ -34,11 +35,7 @@ def _call(client: TestClient, method: str, path: str, token: str | None) -> int:
 def test_auth_matrix(platform: Platform, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     settings = platform.settings.model_copy(
-        update={
-            "auth": platform.settings.auth.model_copy(
-                update={"reader_tokens": (READER,), "operator_tokens": (OPERATOR,)}
-            )
-        }
+        update={"auth": AuthSettings(reader_tokens=(READER,), operator_tokens=(OPERATOR,))}
     )
     with TestClient(create_app(settings)) as client:
         for path in OPEN:

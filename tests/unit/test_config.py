@@ -148,7 +148,7 @@ def test_env_overrides_win_over_the_yaml(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert settings.serving.max_cells == 7
     assert settings.serving.port == 9001, "an override of one field keeps its siblings"
     assert settings.redis.url == "redis://elsewhere:6380/2"
-    assert settings.auth.reader_tokens == ("r1", "r2")
+    assert [t.get_secret_value() for t in settings.auth.reader_tokens] == ["r1", "r2"]
     assert [m.name for m in settings.metrics] == ["views_by_page"]
 
 
