@@ -705,10 +705,10 @@ def check_totals(rolled: dict[str, Any], merged: dict[str, Any]) -> str:
 
 
 @contextlib.contextmanager
-def profiled(directory: Path | None, pid: int, name: str) -> Iterator[None]:
-    """py-spy records the server process while the block runs (folded stacks, one line per
-    distinct stack, aggregated by function) into `directory/<name>.txt`; nothing without a
-    directory."""
+def profiled(directory: Path | None, pid: int, workers: int, name: str) -> Iterator[None]:
+    """py-spy records the server process (with its worker processes, if several) while the
+    block runs (folded stacks, one line per distinct stack, aggregated by function) into
+    `directory/<name>.txt`; nothing without a directory."""
     if directory is None:
         yield
         return
@@ -717,7 +717,8 @@ def profiled(directory: Path | None, pid: int, name: str) -> Iterator[None]:
         [
             str(Path(sys.executable).with_name("py-spy")),
             *("record", "--pid", str(pid), "--format", "raw", "--output", str(out)),
-            *("--function", "--nonblocking", "--rate", "200", "--subprocesses"),
+            *("--function", "--nonblocking", "--rate", "200"),
+            *(["--subprocesses"] if workers > 1 else []),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -774,7 +775,7 @@ async def measure_grid(
 
     client = await fresh()
 
-    with profiled(profile, server_pid, "total_merged_first"):
+    with profiled(profile, server_pid, args.workers, "total_merged_first"):
         started = clock()
         status, merged_body = await client.fetch(merged_path)
         merged_first_ms = (clock() - started) * 1000
@@ -793,7 +794,7 @@ async def measure_grid(
     def fixed(path: str) -> Callable[[], str]:
         return lambda: path
 
-    with profiled(profile, server_pid, "total_rollup"):
+    with profiled(profile, server_pid, args.workers, "total_rollup"):
         rolled_p99, rolled_rps, e1 = await open_loop(
             await fresh(), fixed(rolled_path), args.total_rollup_rate, 20 * scale
         )
@@ -802,7 +803,7 @@ async def measure_grid(
         f"{rolled_rps:.1f} achieved, p99 {rolled_p99:.1f} ms, errors {e1}",
         flush=True,
     )
-    with profiled(profile, server_pid, "total_merged_warm"):
+    with profiled(profile, server_pid, args.workers, "total_merged_warm"):
         merged_p99, merged_rps, e2 = await open_loop(
             await fresh(), fixed(merged_path), args.merged_rate, 30 * scale
         )
@@ -812,14 +813,14 @@ async def measure_grid(
         flush=True,
     )
     client = await fresh()
-    with profiled(profile, server_pid, "group_by_first"):
+    with profiled(profile, server_pid, args.workers, "group_by_first"):
         started = clock()
         status, body = await client.fetch(grouped_path)
         grouped_first_ms = (clock() - started) * 1000
     groups = orjson.loads(body)["groups"] if status == 200 else []
     if status != 200 or len(groups) != PAGES or any(len(g["points"]) != 24 for g in groups):
         raise SystemExit(f"group_by=page: HTTP {status}: {body[:300]!r}")
-    with profiled(profile, server_pid, "group_by"):
+    with profiled(profile, server_pid, args.workers, "group_by"):
         grouped_p99, grouped_rps, e3 = await open_loop(
             await fresh(), fixed(grouped_path), args.group_by_rate, 30 * scale
         )
@@ -830,7 +831,7 @@ async def measure_grid(
         flush=True,
     )
     before = series_histogram(port)
-    with profiled(profile, server_pid, "s60_1000"):
+    with profiled(profile, server_pid, args.workers, "s60_1000"):
         high_p99, high_rps, e4 = await open_loop(await fresh(), s60, args.s60_1000_rate, 20 * scale)
     inside = server_p99_bound_ms(before, series_histogram(port))
     high_pct = 100 * high_rps / args.s60_1000_rate
