@@ -5,7 +5,8 @@ each window composed from them and rendered by the aggregation registry, with th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import hashlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -75,7 +76,9 @@ class MergedView:
         self.speed = SpeedViewReader(client)
         self.batch = BatchViewReader()
         self.points = StampedCache(settings.serving.cache_points)
-        """Rendered batch-only points per (metric, window, key): start -> fragment or None."""
+        """Rendered points: of batch-only windows, valid for one served stamp (per series:
+        start -> fragment or None); of a window reaching past W, valid for one stamp and the
+        digest of the speed states it merges (`_content_stamp`)."""
         self.tops = StampedCache(settings.serving.cache_points)
         """Ranked keys of batch-only `top` windows per (metric, window, start, by)."""
         self.speed_points = SpeedPointCache(settings.serving.speed_cache_bytes)
@@ -168,12 +171,20 @@ class MergedView:
                 points.append(stored)
         for start in mixed:
             plan = plans[start]
-            parts = [c for c in map(cells.get, plan.batch_cells) if c is not None]
-            for cell_start in plan.speed_cells:
-                parts.extend(decode_state(s, sketched) for s in speed_raw.get(cell_start, ()))
-            point = _render(render_merge(metric, parts, options), start, window_ms, "mixed")
-            if point is not None:
-                points.append(point)
+            states = [s for c in plan.speed_cells for s in speed_raw.get(c, ())]
+            content = _content_stamp(stamp, states)
+            window_name = (*cache_name, start)
+            made: list[orjson.Fragment] | None = None
+            if content is not None:
+                made = self.points.get(window_name, content)
+            if made is None:
+                parts = [c for c in map(cells.get, plan.batch_cells) if c is not None]
+                parts.extend(decode_state(s, sketched) for s in states)
+                data = _window_json(metric, start, window_ms, "mixed", parts, options)
+                made = [orjson.Fragment(data)] if data else []
+                if content is not None:
+                    self.points.put(window_name, content, made, 1)
+            points.extend(made)
         for start in speed_windows:
             states = [
                 state
@@ -241,37 +252,35 @@ class MergedView:
         if watermark is None:
             plan_all(None)
             cached[0] = {}
-        batch: dict[CellRef, dict[tuple[str, ...], list[CellState]]] = {}
+        rows_at: dict[CellRef, list[tuple[Any, ...]]] = {}
         for row in rows:
-            if row[3] is None:
-                continue
-            at_ref = batch.setdefault(CellRef(row[3], row[4]), {})
-            at_ref.setdefault(selection.group_of(row[5]), []).append(state_of_columns(*row[6:12]))
+            if row[3] is not None:
+                rows_at.setdefault(CellRef(row[3], row[4]), []).append(row)
         speed_starts = sorted({s for plan in plans.values() for s in plan.speed_cells})
         status, raw = await self.speed.read_all_by_start(
             metric.name, metric.version, speed_starts, metric.source.partitions
         )
         speed_states = sum(len(blobs) for cell in raw.values() for blobs in cell.values())
         _check_cells(len(rows) + speed_states, limit)
-        sketched = bool(metric.kinds)
-        speed: dict[int, dict[tuple[str, ...], list[CellState]]] = {}
-        for cell_start, cell in raw.items():
-            in_cell = speed.setdefault(cell_start, {})
-            for encoded, blobs in cell.items():
-                key = decode_key(encoded)
-                if selection.matches(key):
-                    in_cell.setdefault(selection.group_of(key), []).extend(
-                        decode_state(blob, sketched) for blob in blobs
-                    )
+        cells = _SlicedCells(rows_at, raw, selection, bool(metric.kinds))
         result = SlicedResult(watermark, status, len(rows), speed_states)
         known = cached[0]
         fresh: dict[tuple[int, int], dict[tuple[str, ...], orjson.Fragment]] = {}
         for window, plan in plans.items():
+            batch_only = watermark is not None and window[1] <= watermark
             points = known.get(window)
+            content = None
+            if points is None and not batch_only:
+                speed_cells = [raw.get(c, {}) for c in plan.speed_cells]
+                content = _content_stamp(stamp, _keyed_states(speed_cells))
+                if content is not None:
+                    points = self.points.get((*cache_name, window), content)
             if points is None:
-                points = _sliced_window(metric, window, plan, batch, speed, watermark, options)
-                if watermark is not None and window[1] <= watermark:
+                points = _sliced_window(metric, window, plan, cells, watermark, options)
+                if batch_only:
                     fresh[window] = points
+                elif content is not None:
+                    self.points.put((*cache_name, window), content, points, len(points) + 1)
             for group, point in points.items():
                 result.groups.setdefault(group, []).append(point)
         if fresh and stamp is not None:
@@ -430,8 +439,43 @@ def _speed_point(
 ) -> bytes:
     """The JSON of a speed-only window merged from its sub-cell states (empty: no events)."""
     parts = [decode_state(state, bool(metric.kinds)) for state in states]
-    rendered = _render(render_merge(metric, parts, options), start, window_ms, "speed")
+    return _window_json(metric, start, window_ms, "speed", parts, options)
+
+
+def _window_json(
+    metric: MetricPlan,
+    start: int,
+    window_ms: int,
+    source: str,
+    parts: Sequence[CellState],
+    options: RenderOptions,
+) -> bytes:
+    """The JSON of one window merged from `parts` (empty: no events)."""
+    rendered = _render(render_merge(metric, parts, options), start, window_ms, source)
     return b"" if rendered is None else orjson.dumps(rendered)
+
+
+def _content_stamp(stamp: str | None, chunks: Iterable[bytes]) -> str | None:
+    """What a window reaching past W was merged from: the served row's stamp (its batch
+    cells) and a digest of the speed-side bytes, each length-prefixed so that no two
+    different sequences feed the same bytes. None when nothing is served (no stamp)."""
+    if stamp is None:
+        return None
+    digest = hashlib.blake2b(digest_size=16)
+    for chunk in chunks:
+        digest.update(len(chunk).to_bytes(4, "little"))
+        digest.update(chunk)
+    return f"{stamp}:{digest.hexdigest()}"
+
+
+def _keyed_states(cells: Iterable[Mapping[bytes, Sequence[bytes]]]) -> Iterator[bytes]:
+    """Every key's sub-cell states of the given speed cells as one sequence of chunks: the
+    key, its number of states, then the states (so the grouping is part of the content)."""
+    for cell in cells:
+        for encoded, states in cell.items():
+            yield encoded
+            yield len(states).to_bytes(4, "little")
+            yield from states
 
 
 def _render(values: dict[str, Any] | None, start: int, window_ms: int, source: str) -> Point | None:
@@ -446,12 +490,54 @@ def _render(values: dict[str, Any] | None, start: int, window_ms: int, source: s
     return point
 
 
+class _SlicedCells:
+    """The cells a sliced read fetched, decoded into their groups only when a window that
+    is not cached needs them (then once per cell)."""
+
+    def __init__(
+        self,
+        rows_at: Mapping[CellRef, list[tuple[Any, ...]]],
+        raw: Mapping[int, Mapping[bytes, list[bytes]]],
+        selection: Selection,
+        sketched: bool,
+    ) -> None:
+        self._rows_at = rows_at
+        self._raw = raw
+        self._selection = selection
+        self._sketched = sketched
+        self._batch: dict[CellRef, dict[tuple[str, ...], list[CellState]]] = {}
+        self._speed: dict[int, dict[tuple[str, ...], list[CellState]]] = {}
+
+    def batch(self, ref: CellRef) -> Mapping[tuple[str, ...], list[CellState]]:
+        """A stored cell's states by group (PostgreSQL applied the filters)."""
+        groups = self._batch.get(ref)
+        if groups is None:
+            groups = self._batch[ref] = {}
+            group_of = self._selection.group_of
+            for row in self._rows_at.get(ref, ()):
+                groups.setdefault(group_of(row[5]), []).append(state_of_columns(*row[6:12]))
+        return groups
+
+    def speed(self, cell_start: int) -> Mapping[tuple[str, ...], list[CellState]]:
+        """A base cell's speed sub-cell states by group, after the filters."""
+        groups = self._speed.get(cell_start)
+        if groups is None:
+            groups = self._speed[cell_start] = {}
+            selection = self._selection
+            for encoded, blobs in self._raw.get(cell_start, {}).items():
+                key = decode_key(encoded)
+                if selection.matches(key):
+                    groups.setdefault(selection.group_of(key), []).extend(
+                        decode_state(blob, self._sketched) for blob in blobs
+                    )
+        return groups
+
+
 def _sliced_window(
     metric: MetricPlan,
     window: tuple[int, int],
     plan: WindowPlan,
-    batch: Mapping[CellRef, Mapping[tuple[str, ...], list[CellState]]],
-    speed: Mapping[int, Mapping[tuple[str, ...], list[CellState]]],
+    cells: _SlicedCells,
     watermark: int | None,
     options: RenderOptions,
 ) -> dict[tuple[str, ...], orjson.Fragment]:
@@ -460,10 +546,10 @@ def _sliced_window(
     start, end = window
     parts: dict[tuple[str, ...], list[CellState]] = {}
     for ref in plan.batch_cells:
-        for group, states in batch.get(ref, {}).items():
+        for group, states in cells.batch(ref).items():
             parts.setdefault(group, []).extend(states)
     for cell_start in plan.speed_cells:
-        for group, states in speed.get(cell_start, {}).items():
+        for group, states in cells.speed(cell_start).items():
             parts.setdefault(group, []).extend(states)
     source = point_source(start, end, watermark)
     points = {}

@@ -182,3 +182,36 @@ def test_speed_points_follow_changed_sub_cells(platform: Platform) -> None:
         for metric in platform.settings.plans.values():
             write_speed(platform.settings, metric, more, watermark, seed=8)
         _check_series(client, platform, more, watermark, MINUTE, *span)
+
+
+def test_windows_across_w_follow_changed_sub_cells(platform: Platform) -> None:
+    """A window reaching past W is cached under the served stamp and a digest of the speed
+    states it merges, on the one-key path and on a sliced total: new events in the speed view
+    must show in the next answer of both."""
+    events, watermark = _load(platform, seed=9, w_offset_min=17)
+    span = (watermark - 3 * HOUR, watermark + 3 * HOUR)
+    params = {"window": "1h", "start": format_time(span[0]), "end": format_time(span[1])}
+
+    def total_counts(client: TestClient) -> dict[str, int]:
+        r = client.get("/v1/metrics/views_by_page/series", params=params)
+        assert r.status_code == 200, r.text
+        return {p["start"]: p["count"] for p in r.json()["points"]}
+
+    def brute_counts(chosen: list[Any]) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for e in chosen:
+            start = e.time_ms // HOUR * HOUR
+            if span[0] <= start < span[1]:
+                counts[format_time(start)] = counts.get(format_time(start), 0) + 1
+        return counts
+
+    with TestClient(create_app(platform.settings)) as client:
+        for _ in range(2):  # the second answer comes from the caches
+            _check_series(client, platform, events, watermark, HOUR, *span)
+            assert total_counts(client) == brute_counts(events)
+        more = events + random_events(random.Random(10), watermark, span[1], 400, PAGES)
+        redis.Redis.from_url(platform.settings.redis.url).flushdb()
+        for metric in platform.settings.plans.values():
+            write_speed(platform.settings, metric, more, watermark, seed=11)
+        _check_series(client, platform, more, watermark, HOUR, *span)
+        assert total_counts(client) == brute_counts(more)
