@@ -9,12 +9,11 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,7 +24,8 @@ from fastapi.testclient import TestClient
 from serving_layer import create_app
 from serving_layer.timefmt import format_time
 from tests.conftest import Platform
-from tests.serving.views import Event, batch_rows, publish, random_events, write_speed
+from tests.serving.api_process import running_api
+from tests.serving.views import load_views, random_events
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(240)]
 
@@ -40,16 +40,6 @@ QUERIES = [
     ("views_by_page", {"window": "15m", "step": "5m", "group_by": "page"}),
     ("views_total", {"window": "1m"}),
 ]
-
-
-def _load(platform: Platform, events: list[Event], watermark: int, seed: int) -> None:
-    """A new full generation with W = `watermark`, and the speed view of the rest."""
-    rows, ws = [], {}
-    for metric in platform.settings.plans.values():
-        rows += batch_rows(platform.settings, metric, events, watermark)
-        ws[metric.name] = watermark
-        write_speed(platform.settings, metric, events, watermark, seed)
-    publish(platform.settings, rows, ws)
 
 
 def _params(extra: dict[str, str]) -> dict[str, str]:
@@ -75,12 +65,6 @@ def _answers(client: httpx.Client | TestClient) -> list[Any]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _serving_pids(server: psutil.Process, port: int) -> dict[int, int]:
     """Worker pid -> established connections it accepted on `port` (uvicorn's supervisor
     and multiprocessing's resource tracker hold none)."""
@@ -95,41 +79,12 @@ def _serving_pids(server: psutil.Process, port: int) -> dict[int, int]:
     return {pid: n for pid, n in held.items() if n}
 
 
-def _wait_ready(base: str, server: subprocess.Popen[bytes], limit_s: float = 60) -> None:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        assert server.poll() is None, "`lambdactl serve --workers 2` exited"
-        try:
-            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise AssertionError(f"the API at {base} was not ready within {limit_s} s")
-
-
 @pytest.fixture
-def server(platform: Platform) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    port = _free_port()
+def server(platform: Platform, tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     env = {**platform.env, "LAMBDA_SERVING__WORKERS": str(WORKERS)}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "lambdactl", "serve", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        _wait_ready(base, process)
-        yield base, process
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+    with running_api(env, tmp_path / "serve.log", ready="/readyz") as running:
+        yield running
 
 
 def _connections_on_every_worker(
@@ -160,7 +115,7 @@ def test_workers_answer_alike_follow_publications_and_survive_a_kill(
     port = int(base.rsplit(":", 1)[1])
     supervisor = psutil.Process(process.pid)
     events = random_events(random.Random(11), T0 - 3 * HOUR, T0 + 3 * HOUR, 3000, PAGES)
-    _load(platform, events, watermark=T0 - 37 * MINUTE, seed=1)
+    load_views(platform.settings, events, T0 - 37 * MINUTE, seed=1)
     with ExitStack() as stack:
         reference = stack.enter_context(TestClient(create_app(platform.settings)))
         clients = _connections_on_every_worker(base, supervisor, port, stack)
@@ -170,7 +125,7 @@ def test_workers_answer_alike_follow_publications_and_survive_a_kill(
 
         # A run publishes: more events, W later. Every process drops what its caches held.
         more = events + random_events(random.Random(12), T0 - 2 * HOUR, T0, 500, PAGES)
-        _load(platform, more, watermark=T0 + 23 * MINUTE, seed=2)
+        load_views(platform.settings, more, T0 + 23 * MINUTE, seed=2)
         after = _answers(reference)
         assert after != before
         for client in clients:

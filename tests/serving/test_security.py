@@ -7,9 +7,6 @@ every client translation (no TLS or SASL broker runs here: those are unit-tested
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +26,7 @@ from shared.config import KafkaSettings, ServingSettings
 from shared.db.connect import connect
 from shared.kafka import client_config_of_options, create_topics, reader_options
 from tests.conftest import Platform, own_platform
+from tests.serving.api_process import running_api, start_serve
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(180)]
 
@@ -38,50 +36,16 @@ SERIES = "/v1/metrics/views_total/series"
 PRODUCTION = {"LAMBDA_PROFILE": "production", "PYTHONUNBUFFERED": "1"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _serve(
     platform: Platform, env: dict[str, str], log: Path, *args: str
 ) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "lambdactl", "serve", *args],
-            env={**platform.env, **env},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    return start_serve({**platform.env, **env}, log, *args)
 
 
 @contextmanager
 def _server(platform: Platform, env: dict[str, str], log: Path, *args: str) -> Iterator[str]:
-    port = _free_port()
-    process = _serve(platform, env, log, "--port", str(port), *args)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, f"`lambdactl serve` exited: {log.read_text()}"
-            try:
-                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the API did not start within 60 s"
-            time.sleep(0.2)
+    with running_api({**platform.env, **env}, log, *args) as (base, _):
         yield base
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
 
 
 def test_production_refuses_to_serve_open_unless_told(platform: Platform, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from shared.speed_view import EPOCH_KEY
 from shared.windows import point_source, window_starts
 from tests.conftest import Platform
 from tests.oracle import compare
-from tests.serving.views import batch_rows, expected, key_of, publish, random_events, write_speed
+from tests.serving.views import expected, key_of, load_views, random_events, write_speed
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
 
@@ -32,12 +32,7 @@ def _load(platform: Platform, seed: int, w_offset_min: int) -> tuple[list[Any], 
     rng = random.Random(seed)
     events = random_events(rng, T0 - DAY, T0 + DAY, 1500, PAGES)
     watermark = T0 + w_offset_min * MINUTE
-    rows, ws = [], {}
-    for metric in platform.settings.plans.values():
-        rows += batch_rows(platform.settings, metric, events, watermark)
-        ws[metric.name] = watermark
-        write_speed(platform.settings, metric, events, watermark, seed)
-    publish(platform.settings, rows, ws)
+    load_views(platform.settings, events, watermark, seed)
     return events, watermark
 
 

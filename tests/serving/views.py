@@ -75,6 +75,17 @@ def publish(settings: Settings, rows: list[BatchCell], watermarks: dict[str, int
     return generation
 
 
+def load_views(settings: Settings, events: Sequence[Event], watermark: int, seed: int) -> None:
+    """Both views of the events for every metric: a new full generation with W = `watermark`
+    and the speed sub-cells of the rest."""
+    rows, ws = [], {}
+    for metric in settings.plans.values():
+        rows += batch_rows(settings, metric, events, watermark)
+        ws[metric.name] = watermark
+        write_speed(settings, metric, events, watermark, seed)
+    publish(settings, rows, ws)
+
+
 def write_speed(
     settings: Settings,
     metric: MetricPlan,
