@@ -1,5 +1,7 @@
 """`lambdactl demo`: the whole platform on one machine — stack, history, a batch run, a speed
-worker, the API, and live events flowing — until Ctrl-C (or `--duration`)."""
+worker, the API, and live events flowing — until Ctrl-C (or `--duration`). A child that exits
+(a crash, a kill) is reported with the end of its log and restarted, a bounded number of times;
+then the demo stops loudly rather than go on saying the platform runs."""
 
 from __future__ import annotations
 
@@ -8,12 +10,13 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 
 import httpx
 from rich.console import Console
+from rich.markup import escape
 
 from lambdactl.generator import GeneratorSpec, generate, produce
 from serving_layer.timefmt import format_time
@@ -21,6 +24,9 @@ from shared.config import Settings
 from shared.errors import LambdaError
 
 MINUTE = 60_000
+MAX_RESTARTS = 3
+"""Restarts of one child before the demo gives up on it (a crash loop is not a demo)."""
+TAIL_LINES = 15
 
 
 @dataclass(frozen=True)
@@ -31,25 +37,91 @@ class DemoOptions:
     duration_s: float | None = None
 
 
-def _spawn(args: list[str], log_name: str, settings: Settings) -> subprocess.Popen[bytes]:
-    logs = settings.stack.data_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    log = open(logs / log_name, "ab")  # noqa: SIM115 - the child owns it for its lifetime
-    return subprocess.Popen(
-        [sys.executable, "-m", "lambdactl", *args],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=os.environ.copy(),
-    )
+@dataclass
+class Child:
+    name: str
+    command: list[str]
+    log: Path
+    process: subprocess.Popen[bytes]
+    restarts: int = 0
 
 
-def _wait_for_api(base: str, server: subprocess.Popen[bytes], log: Path) -> None:
-    """Until the API answers; a server that exits (e.g. the port is taken) stops the demo."""
+@dataclass
+class Children:
+    """The demo's long-running children (batch runner, speed worker, API), each logging to a
+    file of its own: `check` notices one that exited, says which with the end of its log, and
+    restarts it up to `max_restarts` times (then raises); leaving the context stops them all."""
+
+    console: Console
+    max_restarts: int = MAX_RESTARTS
+    children: list[Child] = field(default_factory=list)
+
+    def __enter__(self) -> Children:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for child in reversed(self.children):
+            _stop(child.process)
+
+    def start(self, name: str, command: list[str], log: Path) -> Child:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        child = Child(name, command, log, _spawn(command, log))
+        self.children.append(child)
+        return child
+
+    def check(self) -> None:
+        """Report and restart every child that exited since the last check."""
+        for child in self.children:
+            code = child.process.poll()
+            if code is None:
+                continue
+            self.console.print(
+                f"[bold red]the {child.name} exited with code {code}[/bold red]; "
+                f"the end of {child.log}:\n{escape(_tail(child.log))}",
+                soft_wrap=True,
+            )
+            if child.restarts >= self.max_restarts:
+                raise LambdaError(
+                    f"the {child.name} exited {child.restarts + 1} times; the demo stops. "
+                    f"See {child.log}"
+                )
+            child.restarts += 1
+            child.process = _spawn(child.command, child.log)
+            self.console.print(
+                f"restarted the {child.name} ({child.restarts} of {self.max_restarts} restarts)"
+            )
+
+
+def _spawn(command: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:  # the child has its own copy of the descriptor
+        return subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy()
+        )
+
+
+def _lambdactl(*args: str) -> list[str]:
+    return [sys.executable, "-m", "lambdactl", *args]
+
+
+def _tail(log: Path, lines: int = TAIL_LINES) -> str:
+    try:
+        text = log.read_text(errors="replace")
+    except OSError as exc:
+        return f"  (the log could not be read: {exc})"
+    return "\n".join(f"  {line}" for line in text.splitlines()[-lines:]) or "  (empty)"
+
+
+def _wait_for_api(base: str, children: Children, log: Path) -> None:
+    """Until the API answers; a child that exits meanwhile is reported and restarted (a
+    server that keeps exiting, e.g. the port is taken, stops the demo)."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if server.poll() is not None:
-            tail = log.read_text(errors="replace").splitlines()[-5:]
-            raise LambdaError("the API server exited:\n  " + "\n  ".join(tail))
+        children.check()
         try:
             if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
                 return
@@ -91,14 +163,14 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
         ),
     )
     base = f"http://{settings.serving.host}:{settings.serving.port}"
-    with ExitStack() as processes:
-        processes.callback(_stop, _spawn(["batch", "runner"], "batch-runner.log", settings))
+    logs = settings.stack.data_dir / "logs"
+    with Children(console) as children:
+        children.start("batch runner", _lambdactl("batch", "runner"), logs / "batch-runner.log")
         if not watch_run(settings, RunRequest("full"), console, execute_here=False):
-            raise LambdaError("the first batch run failed; see .lambda/logs/batch-runner.log")
-        processes.callback(_stop, _spawn(["speed"], "speed.log", settings))
-        server = _spawn(["serve"], "serve.log", settings)
-        processes.callback(_stop, server)
-        _wait_for_api(base, server, settings.stack.data_dir / "logs" / "serve.log")
+            raise LambdaError(f"the first batch run failed; see {logs / 'batch-runner.log'}")
+        children.start("speed worker", _lambdactl("speed"), logs / "speed.log")
+        children.start("API", _lambdactl("serve"), logs / "serve.log")
+        _wait_for_api(base, children, logs / "serve.log")
         metric = settings.metrics[0]
         key = "".join(f"&{d}=/" for d in metric.key)
         hour_ago = int(time.time() * 1000) // MINUTE * MINUTE - 60 * MINUTE
@@ -107,7 +179,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
             f"  dashboard: {base}/\n  API docs:  {base}/docs\n"
             f"  sample:    curl '{base}/v1/metrics/{metric.name}/series?window=1m"
             f"&start={format_time(hour_ago)}&end={format_time(hour_ago + 120 * MINUTE)}{key}'\n"
-            f"  logs:      {settings.stack.data_dir / 'logs'}\n"
+            f"  logs:      {logs}\n"
             "Live events flow now; an incremental batch run is queued every "
             f"{options.batch_every_s:.0f} s. Ctrl-C stops the demo (the stack keeps running).\n",
             soft_wrap=True,
@@ -115,6 +187,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
         started = last_batch = time.monotonic()
         sequence = 0
         while options.duration_s is None or time.monotonic() - started < options.duration_s:
+            children.check()
             tick = int(time.time() * 1000)
             sequence += 1
             produce(

@@ -10,10 +10,18 @@ connection has nothing to read unless the server closed it, so one `select` suff
 such a connection gets psycopg's round-trip check (`check_connection`) — and once it finds
 one dead it checks all its idle ones (`check()`), since a restart closed them all. Failed
 reconnections are given up after `serving.pg_reconnect_timeout_s`; a request that then finds
-the pool empty starts a fresh attempt, so the pools reconnect within seconds of recovery."""
+the pool empty starts a fresh attempt, so the pools reconnect within seconds of recovery.
+
+A request waits up to `_WAIT_S` for a connection (all may be busy); but once one found none,
+PostgreSQL is most likely down, and each request waiting 5 s for its 503 only piles them up:
+until a request gets a connection again, they wait `_WAIT_DOWN_S`. That change of state is
+logged once each way (`event=store_down` / `event=store_recovered`, as the other processes
+do); psycopg_pool's own line per failed attempt (two a second per pool through an outage)
+and per connection a restart closed are dropped (`_PoolNoise`)."""
 
 from __future__ import annotations
 
+import logging
 import select
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -25,8 +33,11 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 from serving_layer.errors import unavailable
 from shared.config import Settings
 
+log = logging.getLogger(__name__)
+
 _UNREACHABLE = "the batch view (PostgreSQL) is unreachable; retry later"
 _WAIT_S = 5.0
+_WAIT_DOWN_S = 0.5
 _MAX_SIZE = 8
 _CONNECTION: dict[str, Any] = {"autocommit": True, "connect_timeout": 3}
 
@@ -43,8 +54,25 @@ def _closed_by_server(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[An
     return bool(readable)
 
 
+class _PoolNoise(logging.Filter):
+    """Drops psycopg_pool's per-attempt and per-connection warnings (module doc)."""
+
+    MESSAGES = (
+        "error connecting in %r: %s",
+        "reconnection attempt in pool %r failed after %s sec",
+        "discarding broken connection: %s",
+    )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg not in self.MESSAGES
+
+
+_POOL_NOISE = _PoolNoise()
+
+
 def blocking_pool(settings: Settings) -> ConnectionPool:
     """The operator routes' pool (and `/readyz`'s), opened; connections checked (module doc)."""
+    logging.getLogger("psycopg.pool").addFilter(_POOL_NOISE)
 
     def check(conn: psycopg.Connection[Any]) -> None:
         if _closed_by_server(conn):
@@ -67,6 +95,7 @@ def blocking_pool(settings: Settings) -> ConnectionPool:
 
 def async_pool(settings: Settings) -> AsyncConnectionPool:
     """The query routes' pool, not opened yet (`await pool.open()` in the event loop)."""
+    logging.getLogger("psycopg.pool").addFilter(_POOL_NOISE)
 
     async def check(conn: psycopg.AsyncConnection[Any]) -> None:
         if _closed_by_server(conn):
@@ -87,6 +116,36 @@ def async_pool(settings: Settings) -> AsyncConnectionPool:
     return pool
 
 
+class _Waits:
+    """Whether the last request found no connection, hence how long the next one waits for
+    one (module doc)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.failing = False
+
+    def timeout(self) -> float:
+        return _WAIT_DOWN_S if self.failing else _WAIT_S
+
+    def failed(self, error: Exception) -> None:
+        if not self.failing:
+            self.failing = True
+            log.warning(
+                "event=store_down store=postgres pool=%s error=%s: %s; answering 503 until a "
+                "connection is made again",
+                self.name,
+                type(error).__name__,
+                error,
+            )
+
+    def succeeded(self) -> None:
+        if self.failing:
+            self.failing = False
+            # WARNING, like the outage: the API leaves the root logger unconfigured, so
+            # INFO lines of the layer's own loggers are not shown.
+            log.warning("event=store_recovered store=postgres pool=%s", self.name)
+
+
 class Db:
     """The PostgreSQL pool as routes use it: a connection is taken and given back inside the
     route's own worker thread. (A `yield` dependency would give it back from another
@@ -94,14 +153,17 @@ class Db:
 
     def __init__(self, pool: ConnectionPool) -> None:
         self._pool = pool
+        self._waits = _Waits("operator")
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
         try:
-            cm = self._pool.connection(timeout=_WAIT_S)
+            cm = self._pool.connection(timeout=self._waits.timeout())
             conn = cm.__enter__()
-        except (PoolTimeout, psycopg.OperationalError):
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            self._waits.failed(exc)
             raise unavailable(_UNREACHABLE) from None
+        self._waits.succeeded()
         try:
             yield conn
         except BaseException as exc:
@@ -117,14 +179,17 @@ class AsyncDb:
 
     def __init__(self, pool: AsyncConnectionPool) -> None:
         self._pool = pool
+        self._waits = _Waits("query")
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         try:
-            cm = self._pool.connection(timeout=_WAIT_S)
+            cm = self._pool.connection(timeout=self._waits.timeout())
             conn = await cm.__aenter__()
-        except (PoolTimeout, psycopg.OperationalError):
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            self._waits.failed(exc)
             raise unavailable(_UNREACHABLE) from None
+        self._waits.succeeded()
         try:
             yield conn
         except BaseException as exc:

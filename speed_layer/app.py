@@ -103,7 +103,8 @@ class SpeedWorker:
             )
             for cause in CAUSES
         }
-        self.epoch = ensure_epoch(self.redis, uuid.uuid4().hex)
+        self.epoch = ""
+        """Rule 9's epoch marker the view this worker writes belongs to (set by `start`)."""
         self.served = ServedState(settings, self.backoffs["postgres"])
         self.processors = {
             source.topic: SourceProcessor(
@@ -377,12 +378,28 @@ class SpeedWorker:
         return app
 
     def start(self) -> None:
+        self.metrics.serve(self.settings.speed.metrics_port)
+        self.epoch = self.adopt_epoch()
         self.served.refresh()
         consumer = self.consumer
         consumer.handler = self.apply_batch
         consumer.position_of = self.position_of
         consumer.retry_delay = self.retry_delay
-        self.metrics.serve(self.settings.speed.metrics_port)
+
+    def adopt_epoch(self) -> str:
+        """The speed view's epoch marker (a new one when Redis holds none), waited for with
+        the outage backoff: a worker started while Redis is down waits for it, saying so once
+        and in `speed_degraded{cause="redis"}`, instead of exiting (a supervisor restarting it
+        would only crash-loop)."""
+        backoff = self.backoffs["redis"]
+        while True:
+            try:
+                epoch = ensure_epoch(self.redis, uuid.uuid4().hex)
+            except redis.RedisError as exc:
+                time.sleep(backoff.failed(exc))
+                continue
+            backoff.recovered()
+            return epoch
 
 
 def cause_of(error: BaseException) -> str:

@@ -6,7 +6,6 @@ after the next run the batch view and the speed cells after W equal the oracle."
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from shared.kafka import create_topics
 from tests import oracle
 from tests.batch.helpers import oracle_mismatches, queue, run_record, served_view
 from tests.conftest import Platform, reconfigured
+from tests.e2e.support import private_services
 from tests.speed.support import speed_cells, start_worker, stop_worker, wait_until_applied
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(420)]
@@ -33,28 +33,12 @@ CHUNKS = 12
 CHUNK_EVENTS = 1500
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @pytest.fixture
-def own_broker(platform: Platform, tmp_path: Path) -> Iterator[tuple[Platform, Settings]]:
+def own_broker(platform: Platform) -> Iterator[tuple[Platform, Settings]]:
     """The test's platform on a broker of its own, and the stack settings that manage it."""
-    kafka = {"bootstrap_servers": f"127.0.0.1:{_free_port()}"}
-    managed = Settings(
-        kafka=kafka,
-        redis={"url": platform.settings.redis.url},
-        postgres={"url": platform.settings.postgres.url},
-        stack={"data_dir": tmp_path / "broker-stack"},
-    )
-    stack_up(managed, ("kafka",))
-    try:
+    with private_services(("kafka",)) as managed:
+        kafka = {"bootstrap_servers": managed.kafka.bootstrap_servers}
         yield reconfigured(platform, kafka=kafka), managed
-    finally:
-        stack_down(managed, ("kafka",))
 
 
 def test_broker_restart_mid_stream_loses_nothing(

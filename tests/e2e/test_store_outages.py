@@ -15,13 +15,7 @@ speed cell after W and the merged series equal the oracle."""
 from __future__ import annotations
 
 import contextlib
-import os
-import re
-import shutil
-import socket
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -44,7 +38,8 @@ from shared.kafka import create_topics
 from shared.speed_view import EPOCH_KEY
 from tests import oracle
 from tests.batch.helpers import oracle_mismatches, queue, run_record, served_view
-from tests.conftest import Platform, reconfigured
+from tests.conftest import Platform
+from tests.e2e.support import free_port, gauge, on_services, private_services, ready, spawn, until
 from tests.speed.support import (
     fences,
     speed_cells,
@@ -60,13 +55,6 @@ OUTAGE_S = 12.0
 READY_WITHIN_S = 10.0
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @dataclass
 class Stores:
     platform: Platform
@@ -79,57 +67,16 @@ class Stores:
 @pytest.fixture
 def stores(platform: Platform) -> Iterator[Stores]:
     """The test's platform on a Redis and a PostgreSQL of its own, with short backoffs."""
-    # Not under pytest's tmp dir: the postgres user must reach the cluster's directory.
-    data_dir = Path(tempfile.mkdtemp(prefix="lp-outage-"))
-    data_dir.chmod(0o755)
-    redis_url = f"redis://127.0.0.1:{_free_port()}/0"
-    pg_url = f"postgresql://lambda:lambda@127.0.0.1:{_free_port()}/lambda"
-    managed = Settings(
-        kafka=platform.settings.kafka,
-        redis={"url": redis_url},
-        postgres={"url": pg_url},
-        stack={"data_dir": data_dir},
-    )
-    api_port, metrics_port = _free_port(), _free_port()
-    try:
-        stack_up(managed, ("redis", "postgres"))
-        upgrade(pg_url)
-        own = reconfigured(
-            platform,
-            redis={"url": redis_url},
-            postgres={"url": pg_url},
-            speed={
-                "watermark_refresh_s": 1.0,
-                "outage_backoff_s": 0.2,
-                "outage_backoff_max_s": 2.0,
-                "metrics_port": metrics_port,
-            },
-            batch={
-                "poll_s": 0.5,
-                "heartbeat_s": 1.0,
-                "retry_backoff_s": 1.0,
-                "outage_backoff_s": 0.2,
-                "outage_backoff_max_s": 2.0,
-            },
-            serving={"port": api_port},
+    api_port, metrics_port = free_port(), free_port()
+    kafka = platform.settings.kafka.bootstrap_servers
+    with private_services(("redis", "postgres"), kafka=kafka) as managed:
+        upgrade(managed.postgres.url)
+        own = on_services(
+            platform, managed, speed={"metrics_port": metrics_port}, serving={"port": api_port}
         )
         yield Stores(
             own, managed, f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{metrics_port}"
         )
-    finally:
-        with contextlib.suppress(Exception):
-            stack_down(managed, ("redis", "postgres"))
-        shutil.rmtree(data_dir, ignore_errors=True)
-
-
-def _spawn(platform: Platform, args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "lambdactl", *args],
-        env=platform.env,
-        stdout=subprocess.DEVNULL,
-        stderr=log.open("ab"),
-        cwd=os.getcwd(),
-    )
 
 
 @dataclass
@@ -144,7 +91,7 @@ class Answer:
 @dataclass
 class Reader:
     """Queries the API in a loop, a series and `/v1/status` in a thread each, and keeps every
-    answer (a request waits up to 5 s for a connection while PostgreSQL is down)."""
+    answer (while PostgreSQL is down a request waits for a connection only briefly)."""
 
     base: str
     metric: str
@@ -192,37 +139,10 @@ def _alive(processes: dict[str, subprocess.Popen[bytes]], logs: Path) -> None:
         assert process.poll() is None, f"the {name} exited with {process.returncode}; see {logs}"
 
 
-def _until(what: str, check: Any, timeout_s: float, step_s: float = 0.2) -> float:
-    """Seconds until `check()` is true (fails after `timeout_s`)."""
-    began = time.monotonic()
-    while not check():
-        assert time.monotonic() - began < timeout_s, f"{what}: not within {timeout_s} s"
-        time.sleep(step_s)
-    return time.monotonic() - began
-
-
-def _ready(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/readyz", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def _readyz(base: str) -> dict[str, Any]:
     response = httpx.get(f"{base}/readyz", timeout=10)
     body: dict[str, Any] = response.json()
     return {"status": response.status_code, **body}
-
-
-def _gauge(metrics: str, name: str, labels: str = "") -> float | None:
-    """A sample of the worker's Prometheus metrics (None: not exposed or not reachable)."""
-    try:
-        text = httpx.get(f"{metrics}/metrics", timeout=5).text
-    except httpx.HTTPError:
-        return None
-    selector = re.escape(name) + (re.escape("{" + labels + "}") if labels else "")
-    found = re.search(rf"^{selector} (\S+)$", text, re.M)
-    return None if found is None else float(found.group(1))
 
 
 def _runs(settings: Settings) -> list[RunRecord]:
@@ -256,19 +176,19 @@ def test_redis_and_postgres_outages_are_ridden_out(stores: Stores, tmp_path: Pat
     logs = {name: tmp_path / f"{name}.log" for name in ("speed", "runner", "api")}
     processes = {
         "speed worker": start_worker(platform, logs["speed"]),
-        "batch runner": _spawn(platform, ["batch", "runner", "--no-schedule"], logs["runner"]),
-        "API": _spawn(platform, ["serve"], logs["api"]),
+        "batch runner": spawn(platform.env, ["batch", "runner", "--no-schedule"], logs["runner"]),
+        "API": spawn(platform.env, ["serve"], logs["api"]),
     }
     reader = Reader(stores.api, "views_total")
     phases: dict[str, tuple[float, float]] = {}
     timings: dict[str, float] = {}
     try:
         first = queue(settings, RunRequest("full"))
-        _until("the first full run", lambda: _run_done(settings, first), 240, 0.5)
+        until("the first full run", lambda: _run_done(settings, first), 240, 0.5)
         assert run_record(settings, first).status == "succeeded", run_record(settings, first)
         sent += _produce_live(settings, 800, seed=2)
         wait_until_applied(platform, timeout_s=120, workers=[processes["speed worker"]])
-        _until("the API is ready", lambda: _ready(stores.api), 60)
+        until("the API is ready", lambda: ready(stores.api), 60)
         reader.start()
         time.sleep(1.0)
 
@@ -277,13 +197,13 @@ def test_redis_and_postgres_outages_are_ridden_out(stores: Stores, tmp_path: Pat
         epoch = client.get(EPOCH_KEY)
         with contextlib.suppress(redis.ConnectionError):
             client.shutdown(save=True)
-        _until("Redis stopped", lambda: not _pinging(client), 20, 0.05)
+        until("Redis stopped", lambda: not _pinging(client), 20, 0.05)
         stack_down(managed, ("redis",))
         began = time.monotonic()
         sent += _produce_live(settings, 600, seed=3)
-        timings["worker_degraded_redis_s"] = _until(
+        timings["worker_degraded_redis_s"] = until(
             "speed_degraded{cause=redis}",
-            lambda: _gauge(stores.metrics, "speed_degraded", 'cause="redis"') == 1.0,
+            lambda: gauge(stores.metrics, "speed_degraded", 'cause="redis"') == 1.0,
             10,
         )
         assert _readyz(stores.api)["checks"]["redis"].startswith("down")
@@ -293,12 +213,12 @@ def test_redis_and_postgres_outages_are_ridden_out(stores: Stores, tmp_path: Pat
         stack_up(managed, ("redis",))
         assert client.get(EPOCH_KEY) == epoch, "Redis was to come back with its data"
         up = time.monotonic()
-        timings["readyz_after_redis_s"] = _until(
-            "/readyz after Redis", lambda: _ready(stores.api), 30
+        timings["readyz_after_redis_s"] = until(
+            "/readyz after Redis", lambda: ready(stores.api), 30
         )
-        timings["worker_ok_after_redis_s"] = _until(
+        timings["worker_ok_after_redis_s"] = until(
             "speed_degraded{cause=redis} back to 0",
-            lambda: _gauge(stores.metrics, "speed_degraded", 'cause="redis"') == 0.0,
+            lambda: gauge(stores.metrics, "speed_degraded", 'cause="redis"') == 0.0,
             30,
         )
         phases["redis_recovering"] = (up, up + timings["readyz_after_redis_s"] + 3)
@@ -308,7 +228,7 @@ def test_redis_and_postgres_outages_are_ridden_out(stores: Stores, tmp_path: Pat
 
         # -- PostgreSQL stopped while a run executes, then started again ----------------------
         interrupted = queue(settings, RunRequest("incremental"))
-        _until(
+        until(
             "the runner claims the run",
             lambda: run_record(settings, interrupted).status != "queued",
             30,
@@ -318,13 +238,13 @@ def test_redis_and_postgres_outages_are_ridden_out(stores: Stores, tmp_path: Pat
         began = time.monotonic()
         applied_before = fences(platform)
         sent += _produce_live(settings, 600, seed=5)
-        timings["worker_degraded_pg_s"] = _until(
+        timings["worker_degraded_pg_s"] = until(
             "speed_degraded{cause=postgres}",
-            lambda: _gauge(stores.metrics, "speed_degraded", 'cause="postgres"') == 1.0,
+            lambda: gauge(stores.metrics, "speed_degraded", 'cause="postgres"') == 1.0,
             10,
         )
         assert _readyz(stores.api)["checks"]["postgres"].startswith("down")
-        _until(
+        until(
             "the worker applies events while PostgreSQL is down",
             lambda: fences(platform) != applied_before,
             OUTAGE_S,
@@ -334,13 +254,13 @@ def test_redis_and_postgres_outages_are_ridden_out(stores: Stores, tmp_path: Pat
         phases["pg_down"] = (began, time.monotonic())
         stack_up(managed, ("postgres",))
         up = time.monotonic()
-        timings["readyz_after_pg_s"] = _until(
-            "/readyz after PostgreSQL", lambda: _ready(stores.api), 30
+        timings["readyz_after_pg_s"] = until(
+            "/readyz after PostgreSQL", lambda: ready(stores.api), 30
         )
         phases["pg_recovering"] = (up, up + timings["readyz_after_pg_s"] + 3)
-        timings["worker_ok_after_pg_s"] = _until(
+        timings["worker_ok_after_pg_s"] = until(
             "speed_degraded{cause=postgres} back to 0",
-            lambda: _gauge(stores.metrics, "speed_degraded", 'cause="postgres"') == 0.0,
+            lambda: gauge(stores.metrics, "speed_degraded", 'cause="postgres"') == 0.0,
             30,
         )
         sent += _produce_live(settings, 600, seed=6)
@@ -352,7 +272,7 @@ def test_redis_and_postgres_outages_are_ridden_out(stores: Stores, tmp_path: Pat
             retry = retried()
             return retry is not None and retry.status in ("succeeded", "failed")
 
-        _until("the interrupted run's retry", retry_done, 180, 0.5)
+        until("the interrupted run's retry", retry_done, 180, 0.5)
         timings["retry_done_after_pg_s"] = time.monotonic() - up
         failed, retry = run_record(settings, interrupted), retried()
         assert failed.status == "failed" and failed.error, failed
@@ -361,7 +281,7 @@ def test_redis_and_postgres_outages_are_ridden_out(stores: Stores, tmp_path: Pat
         print(f"\nthe interrupted run's error: {failed.error}")
         wait_until_applied(platform, timeout_s=60, workers=[processes["speed worker"]])
         _alive(processes, tmp_path)
-        assert _gauge(stores.metrics, "speed_rebuilds_total") == 0.0, "Redis kept its data"
+        assert gauge(stores.metrics, "speed_rebuilds_total") == 0.0, "Redis kept its data"
 
         # Nothing lost or counted twice: the batch view, the speed view after W and the
         # merged series against the oracle.
