@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -126,6 +127,7 @@ def run_server(
         "access_log": access_log,
     }
     if count == 1:
+        _log_to_stderr()
         app = create_app(settings)
         _keep_startup_out_of_gc()
         uvicorn.run(app, **bind)
@@ -138,6 +140,7 @@ def run_server(
 
 def app_from_environment() -> FastAPI:
     """The app of one worker process of `run_server`, from the settings it inherits."""
+    _log_to_stderr()
     app = create_app(load_settings())
     _keep_startup_out_of_gc()
     return app
@@ -157,6 +160,14 @@ def _multiprocess_metrics_dir() -> Iterator[None]:
             yield
         finally:
             del os.environ[MULTIPROCESS_DIR_ENV]
+
+
+def _log_to_stderr() -> None:
+    """The layers' own loggers (pools, caches...) to stderr beside uvicorn's, which
+    configures only its own: without a root handler their INFO lines were lost."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
 
 def _keep_startup_out_of_gc() -> None:

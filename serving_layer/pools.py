@@ -12,7 +12,8 @@ one dead it checks all its idle ones (`check()`), since a restart closed them al
 reconnections are given up after `serving.pg_reconnect_timeout_s`; a request that then finds
 the pool empty starts a fresh attempt, so the pools reconnect within seconds of recovery.
 
-A request waits up to `_WAIT_S` for a connection (all may be busy); but once one found none,
+A request waits up to `_WAIT_S` for a connection (all may be busy: then its 503 says the API
+is overloaded, not that PostgreSQL is down); but once one found none while none was busy,
 PostgreSQL is most likely down, and each request waiting 5 s for its 503 only piles them up:
 until a request gets a connection again, they wait `_WAIT_DOWN_S`. That change of state is
 logged once each way (`event=store_down` / `event=store_recovered`, as the other processes
@@ -23,11 +24,13 @@ from __future__ import annotations
 
 import logging
 import select
+import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import psycopg
+from fastapi import HTTPException
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from serving_layer.errors import unavailable
@@ -36,6 +39,10 @@ from shared.config import Settings
 log = logging.getLogger(__name__)
 
 _UNREACHABLE = "the batch view (PostgreSQL) is unreachable; retry later"
+_OVERLOADED = (
+    "the API is overloaded: every PostgreSQL connection stayed busy with other requests; "
+    "retry later, or add API workers (LAMBDA_SERVING__WORKERS)"
+)
 _WAIT_S = 5.0
 _WAIT_DOWN_S = 0.5
 _MAX_SIZE = 8
@@ -123,9 +130,28 @@ class _Waits:
     def __init__(self, name: str) -> None:
         self.name = name
         self.failing = False
+        self.held = 0
+        """Connections requests hold right now."""
+        self._lock = threading.Lock()
+
+    def took(self) -> None:
+        with self._lock:
+            self.held += 1
+
+    def gave(self) -> None:
+        with self._lock:
+            self.held -= 1
 
     def timeout(self) -> float:
         return _WAIT_DOWN_S if self.failing else _WAIT_S
+
+    def refusal(self, error: Exception) -> HTTPException:
+        """The 503 for a request that got no connection: the pool was busy (other requests
+        held connections all along: overload), or PostgreSQL is down."""
+        if isinstance(error, PoolTimeout) and self.held:
+            return unavailable(_OVERLOADED)
+        self.failed(error)
+        return unavailable(_UNREACHABLE)
 
     def failed(self, error: Exception) -> None:
         if not self.failing:
@@ -161,9 +187,9 @@ class Db:
             cm = self._pool.connection(timeout=self._waits.timeout())
             conn = cm.__enter__()
         except (PoolTimeout, psycopg.OperationalError) as exc:
-            self._waits.failed(exc)
-            raise unavailable(_UNREACHABLE) from None
+            raise self._waits.refusal(exc) from None
         self._waits.succeeded()
+        self._waits.took()
         try:
             yield conn
         except BaseException as exc:
@@ -171,6 +197,8 @@ class Db:
                 raise
         else:
             cm.__exit__(None, None, None)
+        finally:
+            self._waits.gave()
 
 
 class AsyncDb:
@@ -187,9 +215,9 @@ class AsyncDb:
             cm = self._pool.connection(timeout=self._waits.timeout())
             conn = await cm.__aenter__()
         except (PoolTimeout, psycopg.OperationalError) as exc:
-            self._waits.failed(exc)
-            raise unavailable(_UNREACHABLE) from None
+            raise self._waits.refusal(exc) from None
         self._waits.succeeded()
+        self._waits.took()
         try:
             yield conn
         except BaseException as exc:
@@ -197,3 +225,5 @@ class AsyncDb:
                 raise
         else:
             await cm.__aexit__(None, None, None)
+        finally:
+            self._waits.gave()

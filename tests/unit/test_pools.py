@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import ExitStack
 
 import pytest
 from fastapi import HTTPException
@@ -56,3 +57,28 @@ def test_the_outage_ends_with_the_first_connection(caplog: pytest.LogCaptureFixt
         "event=store_down store=postgres pool=query",
         "event=store_recovered store=postgres pool=query",
     ]
+
+
+@pytest.mark.services
+def test_a_busy_pool_answers_overloaded_not_down(
+    stack: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every connection held by other requests is overload: the 503 says so, and the next
+    request still waits the usual time (PostgreSQL is up)."""
+    monkeypatch.setattr(pools, "_WAIT_S", 0.5)
+    pool = pools.blocking_pool(stack)
+    db = pools.Db(pool)
+    try:
+        with ExitStack() as held, caplog.at_level(logging.INFO):
+            for _ in range(pools._MAX_SIZE):
+                held.enter_context(db.connection())
+            with pytest.raises(HTTPException) as raised, db.connection():
+                pass
+            assert raised.value.status_code == 503
+            assert "overloaded" in str(raised.value.detail)
+            assert "unreachable" not in str(raised.value.detail)
+            assert not [r for r in caplog.records if "store_down" in r.getMessage()]
+        with db.connection() as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        pool.close()
