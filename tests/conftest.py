@@ -147,8 +147,6 @@ def own_platform(
                 "postgres": {"url": pg_url},
                 "speed": {"app_id": f"speed-{tag}", "session_timeout_s": 6.0},
                 "spark": {"max_offsets_per_slice": 5000},
-                # the shared broker answers slowly while other tests load the 2 cores
-                "serving": {"kafka_timeout_s": 5.0},
             }
         )
         config_path = directory / "lambda.yaml"
