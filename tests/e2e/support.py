@@ -131,7 +131,7 @@ def until(what: str, check: Callable[[], object], timeout_s: float, step_s: floa
 def ready(base: str) -> bool:
     """Whether the API at `base` answers `/readyz` with 200."""
     try:
-        return httpx.get(f"{base}/readyz", timeout=5).status_code == 200
+        return httpx.get(f"{base}/readyz", timeout=15).status_code == 200
     except httpx.HTTPError:
         return False
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import redis
 from fastapi.testclient import TestClient
@@ -144,7 +146,17 @@ def test_bad_input_is_4xx_with_a_message(small_client: TestClient) -> None:
         assert r.status_code == 409 and "only a queued run" in r.json()["detail"]
 
 
-def test_runs_queue_coalesce_list_cancel(platform: Platform, client: TestClient) -> None:
+@pytest.fixture
+def patient_client(platform: Platform) -> Iterator[TestClient]:
+    """The API waiting 5 s for Kafka (default 2 s): the shared broker answers slowly while
+    other tests load the 2 cores, and this test asserts `kafka: ok`."""
+    serving = platform.settings.serving.model_copy(update={"kafka_timeout_s": 5.0})
+    with TestClient(create_app(platform.settings.model_copy(update={"serving": serving}))) as c:
+        yield c
+
+
+def test_runs_queue_coalesce_list_cancel(platform: Platform, patient_client: TestClient) -> None:
+    client = patient_client
     first = client.post("/v1/batch/runs", json={"mode": "incremental"})
     assert first.status_code == 202, first.text
     body = first.json()
