@@ -67,7 +67,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -90,6 +90,7 @@ sys.path.insert(0, str(ROOT))
 from batch_layer.publish import Publication, publish_full_generation  # noqa: E402
 from batch_layer.run_plan import CELL_SCHEMA  # noqa: E402
 from bench.broker_usage import BrokerUsage  # noqa: E402
+from bench.common import Errors, RawHttp, clock, free_port, pct, with_db  # noqa: E402
 from lambdactl.stack import stack_up  # noqa: E402
 from serving_layer.batch_view import SERIES_SQL  # noqa: E402
 from serving_layer.merged_view import MergedView, split_starts  # noqa: E402
@@ -153,10 +154,6 @@ def bench_config(pg_url: str, redis_url: str, quantiles: bool = False) -> dict[s
         "postgres": {"url": pg_url},
         "serving": {"max_cells": GRID_MAX_CELLS},
     }
-
-
-def _with_db(url: str, name: str) -> str:
-    return url.rpartition("/")[0] + "/" + name
 
 
 class CellBuilder:
@@ -349,72 +346,6 @@ def load_view(settings: Settings, newest: int, sparse_events: int, grid_event_co
     return watermark
 
 
-class RawHttp:
-    """A minimal keep-alive HTTP/1.1 GET client on asyncio streams (cheaper than httpx, so
-    the load generator steals less CPU from the server it shares the cores with)."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-
-    async def get(self, path: str) -> int:
-        return (await self.fetch(path))[0]
-
-    async def fetch(self, path: str) -> tuple[int, bytes]:
-        """(status, body) of `GET path`."""
-        while True:
-            reused = bool(self._idle)
-            if reused:
-                reader, writer = self._idle.pop()
-                if reader.at_eof():  # closed by the server while idle (keep-alive timeout)
-                    writer.close()
-                    continue
-            else:
-                reader, writer = await asyncio.open_connection(self.host, self.port)
-            try:
-                writer.write(f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\n\r\n".encode())
-                head = await reader.readuntil(b"\r\n\r\n")
-                break
-            except (OSError, asyncio.IncompleteReadError):
-                writer.close()
-                if not reused:
-                    raise
-                # the server closed an idle keep-alive connection: try the next one (a loop:
-                # after an overload thousands may be closed, too many to recurse through)
-        status = int(head[9:12])
-        length = 0
-        for line in head.split(b"\r\n"):
-            if line[:15].lower() == b"content-length:":
-                length = int(line[15:])
-        body = await reader.readexactly(length)
-        self._idle.append((reader, writer))
-        return status, body
-
-    def close(self) -> None:
-        for _, writer in self._idle:
-            writer.close()
-
-
-clock = time.perf_counter
-"""Latencies use a precise clock: uvloop's `loop.time()` has millisecond resolution and is
-cached for a whole loop iteration."""
-
-
-def pct(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
-class Errors(Counter[int]):
-    """Failed requests by HTTP status (0: no answer: the connection failed or closed)."""
-
-    def __str__(self) -> str:
-        if not self:
-            return "0"
-        kinds = (f"{'no answer' if s == 0 else f'HTTP {s}'} x{n}" for s, n in sorted(self.items()))
-        return f"{self.total()} ({', '.join(kinds)})"
-
-
 async def open_loop(
     client: RawHttp, paths: Callable[[], str], rate: float, seconds: float
 ) -> tuple[float, float, Errors]:
@@ -543,12 +474,6 @@ async def raw_reads_ms(settings: Settings, newest: int, page: str, repeats: int 
         assert len(rows) == len(batch)
     await client.aclose()
     return statistics.median(timings)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_server(config_path: Path, port: int, workers: int) -> subprocess.Popen[bytes]:
@@ -888,8 +813,8 @@ def main() -> None:
         )
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(PG_DB)))
     config = bench_config(
-        _with_db(base.postgres.url, PG_DB),
-        _with_db(base.redis.url, str(REDIS_DB)),
+        with_db(base.postgres.url, PG_DB),
+        with_db(base.redis.url, str(REDIS_DB)),
         quantiles=args.quantiles,
     )
     settings = Settings(**config)

@@ -46,6 +46,7 @@ from psycopg import sql
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.broker_usage import BrokerUsage
+from bench.common import log
 from lambdactl.generator import GeneratorSpec, generate, produce
 from shared.config import Settings
 from shared.kafka import create_topics
@@ -54,10 +55,6 @@ from tests.conftest import platform_config
 from tests.speed.support import end_offsets
 
 MINUTE = 60_000
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def build_config(
