@@ -1,6 +1,7 @@
-"""The same batch run on a real Spark standalone cluster (a master and one worker on loopback,
-started from the pyspark install), driven by a runner process with
-`LAMBDA_SPARK__MASTER=spark://127.0.0.1:<port>`."""
+"""The same batch run on a real Spark standalone cluster (a master and two workers on
+loopback, one core each, started from the pyspark install), driven by a runner process with
+`LAMBDA_SPARK__MASTER=spark://127.0.0.1:<port>`: it equals the oracle (as the local run
+does) with executors on both workers."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from tests.conftest import Platform
 pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
+WORKERS = 2
 
 
 def _free_port() -> int:
@@ -42,9 +44,8 @@ def cluster(tmp_path: Path) -> Iterator[str]:
         **os.environ,
         "SPARK_LOCAL_IP": "127.0.0.1",
         "SPARK_LOG_DIR": str(tmp_path),
-        "SPARK_WORKER_DIR": str(tmp_path / "work"),
     }
-    logs = (tmp_path / "master.log").open("wb"), (tmp_path / "worker.log").open("wb")
+    logs = [(tmp_path / name).open("wb") for name in ("master.log", "worker-0.log", "worker-1.log")]
     master = subprocess.Popen(
         [
             str(SPARK_CLASS),
@@ -61,41 +62,46 @@ def cluster(tmp_path: Path) -> Iterator[str]:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    worker = subprocess.Popen(
-        [
-            str(SPARK_CLASS),
-            "org.apache.spark.deploy.worker.Worker",
-            "--host",
-            "127.0.0.1",
-            "--cores",
-            "2",
-            "--memory",
-            "1g",
-            "--webui-port",
-            str(_free_port()),
-            url,
-        ],
-        env=env,
-        stdout=logs[1],
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    workers = [
+        subprocess.Popen(
+            [
+                str(SPARK_CLASS),
+                "org.apache.spark.deploy.worker.Worker",
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                "1",
+                "--memory",
+                "1g",
+                "--webui-port",
+                str(_free_port()),
+                "--work-dir",
+                str(tmp_path / f"work-{n}"),
+                url,
+            ],
+            env=env,
+            stdout=logs[1 + n],
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        for n in range(WORKERS)
+    ]
     try:
         deadline = time.monotonic() + 120
         while True:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=2) as reply:
-                    if json.load(reply).get("aliveworkers", 0) >= 1:
+                    if json.load(reply).get("aliveworkers", 0) >= WORKERS:
                         break
             except OSError:
                 pass
-            assert time.monotonic() < deadline, (tmp_path / "worker.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, (tmp_path / "worker-0.log").read_text()[-2000:]
             time.sleep(1)
         yield url
     finally:
-        for proc in (worker, master):
+        for proc in (*workers, master):
             proc.terminate()
-        for proc in (worker, master):
+        for proc in (*workers, master):
             try:
                 proc.wait(20)
             except subprocess.TimeoutExpired:
@@ -104,7 +110,9 @@ def cluster(tmp_path: Path) -> Iterator[str]:
             log.close()
 
 
-def test_batch_run_on_a_standalone_cluster(platform: Platform, cluster: str) -> None:
+def test_batch_run_on_a_standalone_cluster(
+    platform: Platform, cluster: str, tmp_path: Path
+) -> None:
     settings = platform.settings
     create_topics(settings)
     now = int(time.time() * 1000) // MINUTE * MINUTE
@@ -121,3 +129,6 @@ def test_batch_run_on_a_standalone_cluster(platform: Platform, cluster: str) -> 
     record = run_record(settings, run_id)
     assert record.status == "succeeded", (record.error, job.stderr[-3000:])
     assert oracle_mismatches(settings, platform.config) == []
+    # each worker launched an executor of the run's application (its directory in the work dir)
+    for n in range(WORKERS):
+        assert list((tmp_path / f"work-{n}").glob("app-*/*")), f"worker {n} ran no executor"
