@@ -63,7 +63,13 @@ def test_fetch_responses_stay_within_fetch_max_bytes(
         kafka_bootstrap,
         # Record batches of at most 500 KB: below the limit, so Kafka's "first batch larger
         # than the limit" exception never applies to partition 0.
-        config={"batch.size": 500_000, "message.max.bytes": 2 * LIMIT, "linger.ms": 20},
+        # Idempotent: a batch retried after a request timeout keeps its place in the log.
+        config={
+            "batch.size": 500_000,
+            "message.max.bytes": 2 * LIMIT,
+            "linger.ms": 20,
+            "enable.idempotence": True,
+        },
     )
     payload = bytes(RECORD_BYTES)
     produce_all(
