@@ -231,10 +231,12 @@ class CellBuilder:
     def speed_fields(self) -> Iterator[tuple[str, bytes, bytes]]:
         """(cell hash, field, state) of every speed sub-cell."""
         for plan, cells in zip(self.plans, self.speed, strict=True):
+            topic = plan.source.topic
             for (start, partition, key), inputs in cells.items():
                 field, state = encode_key(key), encode_state(self.state_of(plan, inputs))
                 for target in self.copies_of(plan):
-                    yield cell_key(target.name, target.version, start, partition), field, state
+                    name = target.name
+                    yield cell_key(topic, partition, name, target.version, start), field, state
 
 
 Inputs = tuple[list[float], list[str]]
@@ -467,9 +469,7 @@ async def raw_reads_ms(settings: Settings, newest: int, page: str, repeats: int 
         for _ in range(repeats):
             started = time.perf_counter()
             rows = await (await conn.execute(SERIES_SQL, params)).fetchall()
-            await view.speed.read_key(
-                metric.name, version, speed, MINUTE, PARTITIONS, encode_key([page])
-            )
+            await view.speed.read_key(metric, speed, encode_key([page]))
             timings.append((time.perf_counter() - started) * 1000)
         assert len(rows) == len(batch)
     await client.aclose()

@@ -240,7 +240,7 @@ def redis_memory(client: redis.Redis, settings: Settings, events: int) -> tuple[
     """(bytes per (cell, key) state, bytes of cells + ids per 1M events)."""
     cell_bytes = states = 0
     for metric in settings.plans.values():
-        pattern = cell_pattern(metric.name, metric.version)
+        pattern = cell_pattern(metric.source.topic, metric.name, metric.version)
         for key in client.scan_iter(match=pattern, count=1000):
             cell_bytes += int(client.memory_usage(key, samples=0) or 0)
             states += int(client.hlen(key))

@@ -10,8 +10,6 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
-import redis
-import redis.asyncio as aioredis
 import uvicorn
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -35,6 +33,7 @@ from serving_layer.responses import JSONResponse
 from serving_layer.routes import dashboard, health, metrics, runs, status
 from shared.config import Settings, load_settings
 from shared.gc_tuning import freeze_startup_objects
+from shared.speed_view import redis_client, redis_client_async
 
 DESCRIPTION = """Merged batch + speed views of windowed metrics (Lambda architecture).
 
@@ -55,12 +54,9 @@ def create_app(settings: Settings) -> FastAPI:
         query_pool = async_pool(settings)
         await query_pool.open()
         app.state.async_db = AsyncDb(query_pool)
-        app.state.redis = redis.Redis.from_url(
-            settings.redis.url, socket_timeout=1.0, socket_connect_timeout=0.5
-        )
-        async_redis = aioredis.Redis.from_url(
-            settings.redis.url, socket_timeout=1.0, socket_connect_timeout=0.5
-        )
+        timeouts = {"socket_timeout": 1.0, "socket_connect_timeout": 0.5}
+        app.state.redis = redis_client(settings.redis, **timeouts)
+        async_redis = redis_client_async(settings.redis, **timeouts)
         app.state.view = MergedView(settings, async_redis)
         app.state.kafka = KafkaProbe(settings.kafka, settings.serving.kafka_timeout_s)
         collector = WatermarkAgeCollector(settings, app.state.pg_pool)

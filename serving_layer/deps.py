@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import redis
 from fastapi import Depends, Request
 
 from serving_layer.merged_view import MergedView
@@ -29,11 +28,6 @@ async def get_async_db(request: Request) -> AsyncDb:
     return db
 
 
-async def get_redis(request: Request) -> redis.Redis:
-    client: redis.Redis = request.app.state.redis
-    return client
-
-
 async def get_view(request: Request) -> MergedView:
     view: MergedView = request.app.state.view
     return view
@@ -47,6 +41,5 @@ async def get_observer(request: Request) -> ServingMetrics:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 DbDep = Annotated[Db, Depends(get_db)]
 AsyncDbDep = Annotated[AsyncDb, Depends(get_async_db)]
-RedisDep = Annotated[redis.Redis, Depends(get_redis)]
 ViewDep = Annotated[MergedView, Depends(get_view)]
 ObserverDep = Annotated[ServingMetrics, Depends(get_observer)]

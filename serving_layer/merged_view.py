@@ -12,7 +12,6 @@ from functools import partial
 from typing import Any
 
 import orjson
-import redis.asyncio as aioredis
 
 from serving_layer.batch_view import SERIES_SQL, SLICE_SQL, TOP_SQL, BatchViewReader
 from serving_layer.caches import SpeedPointCache, StampedCache
@@ -30,7 +29,7 @@ from shared.aggregations import (
 from shared.config import Settings
 from shared.db.cells import state_of_columns
 from shared.metric_plan import MetricPlan
-from shared.speed_view import SpeedViewReader, decode_key, encode_key
+from shared.speed_view import AsyncRedis, SpeedViewReader, decode_key, encode_key
 from shared.windows import CellRef, WindowPlan, plan_window, point_source
 
 
@@ -71,7 +70,7 @@ RenderedPoint = Point | orjson.Fragment
 class MergedView:
     """The merged batch + speed view of every configured metric (one per app)."""
 
-    def __init__(self, settings: Settings, client: aioredis.Redis) -> None:
+    def __init__(self, settings: Settings, client: AsyncRedis) -> None:
         self.settings = settings
         self.speed = SpeedViewReader(client)
         self.batch = BatchViewReader()
@@ -150,14 +149,7 @@ class MergedView:
         if speed_windows:
             speed_bases.extend(range(speed_windows[0], speed_windows[-1] + window_ms, base))
         if speed_bases:
-            status, speed_raw = await self.speed.read_key(
-                metric.name,
-                metric.version,
-                speed_bases,
-                base,
-                metric.source.partitions,
-                encode_key(key),
-            )
+            status, speed_raw = await self.speed.read_key(metric, speed_bases, encode_key(key))
         else:
             status, speed_raw = await self.speed.status(), {}
         result = ReadResult(watermark, status)
@@ -257,9 +249,7 @@ class MergedView:
             if row[3] is not None:
                 rows_at.setdefault(CellRef(row[3], row[4]), []).append(row)
         speed_starts = sorted({s for plan in plans.values() for s in plan.speed_cells})
-        status, raw = await self.speed.read_all_by_start(
-            metric.name, metric.version, speed_starts, metric.source.partitions
-        )
+        status, raw = await self.speed.read_all_by_start(metric, speed_starts)
         speed_states = sum(len(blobs) for cell in raw.values() for blobs in cell.values())
         _check_cells(len(rows) + speed_states, limit)
         cells = _SlicedCells(rows_at, raw, selection, bool(metric.kinds))
@@ -354,12 +344,7 @@ class MergedView:
                     None if summary is None else [summary],
                 )
             )
-        status, speed_raw = await self.speed.read_all(
-            metric.name,
-            metric.version,
-            list(plan.speed_cells),
-            metric.source.partitions,
-        )
+        status, speed_raw = await self.speed.read_all(metric, list(plan.speed_cells))
         speed_states = 0
         _check_cells(batch_cells + sum(map(len, speed_raw.values())), limit)
         for encoded, states in speed_raw.items():
@@ -399,9 +384,7 @@ class MergedView:
         watermark, found = await self.batch.keys(db, metric, start, end, prefix, selection)
         first_speed = start if watermark is None else max(start, watermark)
         speed_starts = [s for s in range(_ceil(first_speed, base), end, base)]
-        status, fields = await self.speed.read_fields(
-            metric.name, metric.version, speed_starts, metric.source.partitions
-        )
+        status, fields = await self.speed.read_fields(metric, speed_starts)
         for encoded in fields:
             key = decode_key(encoded)
             if (prefix is None or not key or key[0].startswith(prefix)) and selection.matches(key):

@@ -240,6 +240,10 @@ class RedisSettings(_Strict):
     """Every Redis client is built from this URL alone, so TLS goes in it too: `rediss://`,
     with redis-py's `ssl_ca_certs`, `ssl_certfile`, `ssl_keyfile` and `ssl_cert_reqs`
     query parameters (README, Security)."""
+    cluster: bool = False
+    """The URL names one node of a Redis Cluster: clients discover the others and route each
+    key by its hash slot (every key of one source partition shares a slot; see
+    `shared.speed_view.keys`). A cluster has only database 0."""
 
 
 class PostgresSettings(_Strict):

@@ -41,7 +41,6 @@ from typing import Any
 
 import faust
 import psycopg
-import redis
 from confluent_kafka import KafkaException
 from faust.types import TP
 from redis.backoff import NoBackoff
@@ -57,10 +56,12 @@ from shared.speed_view import (
     APPLIED,
     EPOCH_LOST,
     FENCE_MOVED,
+    REDIS_FAILURES,
     Fence,
     SpeedViewWriter,
     ensure_epoch,
     rebuild_member,
+    redis_client,
 )
 from speed_layer.consumer import BatchConsumer, BatchTransport
 from speed_layer.errors import ServedRowUnavailable, SideTopicError
@@ -83,8 +84,8 @@ class SpeedWorker:
         speed = settings.speed
         # One immediate retry (a pooled connection Redis closed on restart); the worker's
         # own backoff does the rest.
-        self.redis = redis.Redis.from_url(
-            settings.redis.url,
+        self.redis = redis_client(
+            settings.redis,
             socket_timeout=speed.redis_timeout_s,
             socket_connect_timeout=min(2.0, speed.redis_timeout_s),
             retry=Retry(NoBackoff(), 1),
@@ -134,8 +135,8 @@ class SpeedWorker:
         if fence.offset is not None and fence.defs not in (None, processor.defs):
             until = max(until or 0, fence.offset + 1)
             self.store.start_rebuild({member: until})
-            versions = [(m.name, m.version) for m in processor.metrics]
-            self.store.delete_keys(self.store.partition_keys(tp.topic, tp.partition, versions))
+            doomed = self.store.partition_keys(tp.topic, tp.partition, processor.metrics)
+            self.store.delete_keys(doomed)
             processor.forget(tp.partition)
             fence = processor.fence(tp.partition)
             self.metrics.rebuilds.inc()
@@ -183,7 +184,7 @@ class SpeedWorker:
         processor = self.processors[tp.topic]
         started = time.perf_counter()
         with collector_paused():  # see `tune_gc`
-            outcome = processor.process(self.epoch, tp.partition, records, self.served.watermarks)
+            outcome = processor.process(tp.partition, records, self.served.watermarks)
         metrics = self.metrics
         for cause in ("redis", "kafka", "error"):
             self.backoffs[cause].recovered()
@@ -259,7 +260,7 @@ class SpeedWorker:
         try:
             if self.epoch_lost():
                 self.start_rebuild()
-        except redis.RedisError as exc:
+        except REDIS_FAILURES as exc:
             backoff.failed(exc)
 
     # -- housekeeping ------------------------------------------------------------------------
@@ -278,7 +279,7 @@ class SpeedWorker:
                 safe = self.served.safe_watermark(metric.name)
                 if safe is None:
                     continue
-                for key, start, partition in self.store.sub_cells(metric.name, metric.version):
+                for key, start, partition in self.store.sub_cells(metric):
                     if partition in partitions and start + metric.base_window_ms <= safe:
                         cells.append(key)
             for key, partition, bucket in self.store.id_sets(topic):
@@ -367,7 +368,7 @@ class SpeedWorker:
             if owned and not self.backoffs["redis"].down:
                 try:
                     cells, id_sets = await asyncio.to_thread(self.cleanup, owned)
-                except redis.RedisError as exc:
+                except REDIS_FAILURES as exc:
                     self.backoffs["redis"].failed(exc)
                     return
                 if cells or id_sets:
@@ -395,7 +396,7 @@ class SpeedWorker:
         while True:
             try:
                 epoch = ensure_epoch(self.redis, uuid.uuid4().hex)
-            except redis.RedisError as exc:
+            except REDIS_FAILURES as exc:
                 time.sleep(backoff.failed(exc))
                 continue
             backoff.recovered()
@@ -404,7 +405,7 @@ class SpeedWorker:
 
 def cause_of(error: BaseException) -> str:
     """Which store a failed apply or positioning points at (one of `metrics.CAUSES`)."""
-    if isinstance(error, redis.RedisError):
+    if isinstance(error, REDIS_FAILURES):
         return "redis"
     if isinstance(error, psycopg.Error | ServedRowUnavailable):
         return "postgres"

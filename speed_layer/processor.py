@@ -169,11 +169,7 @@ class SourceProcessor:
         return self._fences[partition]
 
     def process(
-        self,
-        epoch: str,
-        partition: int,
-        records: Sequence[KafkaRecord],
-        watermarks: Mapping[str, int | None],
+        self, partition: int, records: Sequence[KafkaRecord], watermarks: Mapping[str, int | None]
     ) -> BatchOutcome:
         """Decide a batch (`decide`, reading the view through Redis), publish its dead letters
         and late events, and apply it with one fenced call (rule 3)."""
@@ -184,9 +180,8 @@ class SourceProcessor:
             return BatchOutcome(APPLIED, fence)
         outcome, batch = decide(self.plan, partition, fence, records, watermarks, self._store)
         self._publish(self.source.topic, partition, outcome.dead_letters, outcome.late)
-        outcome.status = self._store.apply(
-            epoch, self.source.topic, partition, fence, outcome.fence, batch
-        )
+        topic = self.source.topic
+        outcome.status = self._store.apply(topic, partition, fence, outcome.fence, batch)
         if outcome.status == APPLIED:
             self._fences[partition] = outcome.fence
         else:
@@ -307,7 +302,7 @@ def decide(
     ids = {
         ids_key(topic, partition, bucket): members for bucket, members in new_ids.items() if members
     }
-    return outcome, ApplyBatch(_merged_cells(plan.metrics, partition, groups, view), ids)
+    return outcome, ApplyBatch(_merged_cells(plan.metrics, topic, partition, groups, view), ids)
 
 
 def _rolled_up(
@@ -341,6 +336,7 @@ def _known_ids(
 
 def _merged_cells(
     metrics: Sequence[MetricPlan],
+    topic: str,
     partition: int,
     groups: Sequence[Mapping[tuple[int, tuple[str, ...]], Sequence[InputFields]]],
     view: ViewState,
@@ -353,7 +349,8 @@ def _merged_cells(
         name, version = metric.name, metric.version
         for slot in cells:
             start, key = slot
-            wanted[cell_key(name, version, start, partition)].append((encode_key(key), index, slot))
+            field = (encode_key(key), index, slot)
+            wanted[cell_key(topic, partition, name, version, start)].append(field)
     stored = view.read_fields({name: [f for f, _, _ in fs] for name, fs in wanted.items()})
     values_of = itemgetter(1)
     items_of = itemgetter(2)

@@ -20,14 +20,17 @@ from typing import Any
 
 import psycopg
 import pytest
-import redis
 import yaml
 from psycopg import sql
 
-from shared.config import Settings
+from shared.config import RedisSettings, Settings
+from shared.speed_view import redis_client
 
 TEST_REDIS_DB = int(os.environ.get("LP_TEST_REDIS_DB", "15"))
 """Tests flush this Redis database; engineers running suites side by side pick different ones."""
+TEST_REDIS_CLUSTER = os.environ.get("LP_TEST_REDIS_CLUSTER")
+"""A node of a Redis Cluster the test worlds keep the speed view in instead (set by
+`tests/e2e/test_redis_cluster.py` for the suites it reruns there)."""
 
 
 @pytest.fixture(scope="session")
@@ -136,14 +139,14 @@ def own_platform(
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
     try:
         pg_url = _url_with_db(stack.postgres.url, dbname)
-        redis_url = _url_with_db(stack.redis.url, str(TEST_REDIS_DB))
-        redis.Redis.from_url(redis_url).flushdb()
+        redis_settings = redis_for_tests(stack)
+        redis_client(redis_settings).flushdb()
         upgrade(pg_url)
         config = config_of(tag)
         config.update(
             {
                 "kafka": {"bootstrap_servers": stack.kafka.bootstrap_servers},
-                "redis": {"url": redis_url},
+                "redis": redis_settings.model_dump(),
                 "postgres": {"url": pg_url},
                 "speed": {"app_id": f"speed-{tag}", "session_timeout_s": 6.0},
                 "spark": {"max_offsets_per_slice": 5000},
@@ -156,6 +159,14 @@ def own_platform(
         yield Platform(Settings(**config), config, config_path, env)
     finally:
         drop_database(stack.postgres.url, dbname)
+
+
+def redis_for_tests(stack: Settings) -> RedisSettings:
+    """Where the test worlds keep the speed view: the stack's Redis in `TEST_REDIS_DB`, or
+    the Redis Cluster of `TEST_REDIS_CLUSTER`."""
+    if TEST_REDIS_CLUSTER:
+        return RedisSettings(url=TEST_REDIS_CLUSTER, cluster=True)
+    return RedisSettings(url=_url_with_db(stack.redis.url, str(TEST_REDIS_DB)))
 
 
 @pytest.fixture

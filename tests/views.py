@@ -8,25 +8,26 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
-import redis
-
 from shared.aggregations import DEFAULT_RENDER, CellState, decode_state, merge_states
 from shared.config import Settings
 from shared.db.cells import state_of_columns
-from shared.speed_view.keys import cell_key_prefix, cell_of_key, cell_pattern, decode_key
+from shared.speed_view import SyncRedis, redis_client
+from shared.speed_view.keys import cell_key, cell_of_key, cell_pattern, decode_key
 from shared.windows import window_start
 
 Cells = dict[tuple[str, int, int, tuple[str, ...]], dict[str, Any]]
 
 
-def speed_view_cells(settings: Settings, client: redis.Redis | None = None) -> Cells:
+def speed_view_cells(settings: Settings, client: SyncRedis | None = None) -> Cells:
     """Every metric's speed cells (partition sub-cells merged), rolled up to every window;
     read from `client`, or from the configured Redis."""
-    client = client or redis.Redis.from_url(settings.redis.url)
+    client = client or redis_client(settings.redis)
     stored = {
         name.decode(): client.hgetall(name)
         for metric in settings.plans.values()
-        for name in client.scan_iter(match=cell_pattern(metric.name, metric.version), count=1000)
+        for name in client.scan_iter(
+            match=cell_pattern(metric.source.topic, metric.name, metric.version), count=1000
+        )
     }
     return speed_cells_of(settings, stored)
 
@@ -35,12 +36,12 @@ def speed_cells_of(settings: Settings, stored: Mapping[str, Mapping[bytes, bytes
     """`speed_view_cells` of sub-cells given as {cell key: {encoded key: state}}."""
     cells: Cells = {}
     for metric in settings.plans.values():
-        prefix = cell_key_prefix(metric.name, metric.version)
+        topic = metric.source.topic
         states: dict[tuple[int, int, tuple[str, ...]], list[CellState]] = defaultdict(list)
         for name, fields in stored.items():
-            if not name.startswith(prefix):
+            start, partition = cell_of_key(name)
+            if name != cell_key(topic, partition, metric.name, metric.version, start):
                 continue
-            start, _partition = cell_of_key(name, metric.name, metric.version)
             for encoded, blob in fields.items():
                 state = decode_state(blob)
                 for size in metric.windows_ms:

@@ -1,9 +1,17 @@
 """The speed view in Redis as one module: its key scheme (`keys`), the writer the speed layer
 applies batches with (`SpeedViewWriter`), the reader the serving layer answers from
-(`SpeedViewReader`), and the Lua scripts each calls, kept beside them (`apply.lua`,
-`read_key.lua`). The states it holds are the aggregation registry's bytes
+(`SpeedViewReader`), the Lua scripts each calls, kept beside them (`apply.lua`,
+`read_key.lua`), and the clients they take (`redis_client`, `redis_client_async`: one server or a
+Redis Cluster). The states it holds are the aggregation registry's bytes
 (`shared.aggregations.encode_state`). See `keys` for the key scheme."""
 
+from shared.speed_view.client import (
+    REDIS_FAILURES,
+    AsyncRedis,
+    SyncRedis,
+    redis_client,
+    redis_client_async,
+)
 from shared.speed_view.keys import (
     EPOCH_KEY,
     REBUILDING_KEY,
@@ -31,10 +39,13 @@ __all__ = [
     "EPOCH_LOST",
     "FENCE_MOVED",
     "REBUILDING_KEY",
+    "REDIS_FAILURES",
     "ApplyBatch",
+    "AsyncRedis",
     "Fence",
     "SpeedViewReader",
     "SpeedViewWriter",
+    "SyncRedis",
     "cell_key",
     "decode_key",
     "encode_key",
@@ -42,6 +53,8 @@ __all__ = [
     "fence_key",
     "ids_key",
     "rebuild_member",
+    "redis_client",
+    "redis_client_async",
     "speed_status",
     "speed_status_of",
 ]

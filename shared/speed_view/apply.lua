@@ -1,21 +1,25 @@
--- The fenced apply of one partition's batch (rule 3): compare-and-set on the epoch marker
--- (KEYS[1], ARGV[1]) and the fence (KEYS[2]: offset ARGV[2] -> ARGV[3], stream time ARGV[4],
--- definitions digest ARGV[8]); then every cell hash (HSET) and de-dup set (SADD) of the batch,
--- each preceded by its argument count, with TTL ARGV[5]. Returns 1 applied, 0 fence moved,
--- -1 epoch lost. Called by `writer.SpeedViewWriter.apply`.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-local current = redis.call('HGET', KEYS[2], 'offset')
-if (current or '') ~= ARGV[2] then return 0 end
-local ttl = tonumber(ARGV[5])
-redis.call('HSET', KEYS[2], 'offset', ARGV[3], 'defs', ARGV[8])
-if ARGV[4] == '' then
-  redis.call('HDEL', KEYS[2], 'stream_time')
-else
-  redis.call('HSET', KEYS[2], 'stream_time', ARGV[4])
+-- The fenced apply of one partition's batch (rule 3): compare-and-set on the fence (KEYS[1]:
+-- offset ARGV[1] -> ARGV[2], stream time ARGV[3], definitions digest ARGV[7]); then every cell
+-- hash (HSET) and de-dup set (SADD) of the batch, each preceded by its argument count, with
+-- TTL ARGV[4]. Every key carries the partition's hash tag, so the call stays in one Redis
+-- Cluster slot. Returns 1 applied, 0 fence moved (another worker wrote since), -1 the fence
+-- vanished under the worker that had written or read it: the partition's data was lost (rule
+-- 9). Called by `writer.SpeedViewWriter.apply`.
+local current = redis.call('HGET', KEYS[1], 'offset') or ''
+if current ~= ARGV[1] then
+  if current == '' then return -1 end
+  return 0
 end
-redis.call('EXPIRE', KEYS[2], ttl)
-local n_hashes, n_sets = tonumber(ARGV[6]), tonumber(ARGV[7])
-local arg = 9
+local ttl = tonumber(ARGV[4])
+redis.call('HSET', KEYS[1], 'offset', ARGV[2], 'defs', ARGV[7])
+if ARGV[3] == '' then
+  redis.call('HDEL', KEYS[1], 'stream_time')
+else
+  redis.call('HSET', KEYS[1], 'stream_time', ARGV[3])
+end
+redis.call('EXPIRE', KEYS[1], ttl)
+local n_hashes, n_sets = tonumber(ARGV[5]), tonumber(ARGV[6])
+local arg = 8
 local function write(command, key, first, last)
   local chunk = 2000
   for i = first, last, chunk do
@@ -23,12 +27,12 @@ local function write(command, key, first, last)
   end
   redis.call('EXPIRE', key, ttl)
 end
-for k = 3, 2 + n_hashes do
+for k = 2, 1 + n_hashes do
   local n = tonumber(ARGV[arg])
   if n > 0 then write('HSET', KEYS[k], arg + 1, arg + 2 * n) end
   arg = arg + 1 + 2 * n
 end
-for k = 3 + n_hashes, 2 + n_hashes + n_sets do
+for k = 2 + n_hashes, 1 + n_hashes + n_sets do
   local n = tonumber(ARGV[arg])
   if n > 0 then write('SADD', KEYS[k], arg + 1, arg + n) end
   arg = arg + 1 + n

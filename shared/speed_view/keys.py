@@ -1,18 +1,27 @@
 """The speed view's key scheme, the one place Redis key names are spelled. Every key carries a
 TTL of `speed.ttl_days` as a backstop only.
 
-- `lp:epoch` — a random marker; its absence means Redis lost its data (rule 9).
-- `lp:fence:<topic>:<partition>` — hash {offset, stream_time, defs}: the last applied offset,
-  the partition's stream time (rule 3) and a digest of the metric versions its cells hold.
-- `lp:cell:<metric>:<version>:<start_ms>:<partition>` — hash {key JSON -> state bytes
-  (`shared.aggregations.encode_state`)}: one base cell's states for one source partition,
-  written only by that partition's owner.
-- `lp:ids:<topic>:<partition>:<bucket_start>` — set of event ids seen in that event-time bucket
-  (de-duplication, rule 4), dropped once the bucket is late for every metric of the source.
-- `lp:rebuilding` — set of `<topic>:<partition>` being rebuilt after a data loss; the API
+Every key a source partition's fenced apply writes carries that partition's hash tag
+`{<topic>:<partition>}`, so on a Redis Cluster the apply's one Lua call stays in one slot
+(rule 3) while the partitions spread over the masters. The view's own markers share the tag
+`{lp}`, so the rebuild marks change together.
+
+- `lp:{lp}:epoch` — a random marker; its absence means Redis lost its data (rule 9).
+- `lp:fence:{<topic>:<partition>}` — hash {offset, stream_time, defs}: the last applied
+  offset, the partition's stream time (rule 3) and a digest of the metric versions its cells
+  hold. A fence that vanished under a worker that had written it means the partition's slot
+  lost its data (rule 9).
+- `lp:cell:{<topic>:<partition>}:<metric>:<version>:<start_ms>` — hash {key JSON -> state
+  bytes (`shared.aggregations.encode_state`)}: one base cell's states for one source
+  partition, written only by that partition's owner.
+- `lp:ids:{<topic>:<partition>}:<bucket_start>` — set of event ids seen in that event-time
+  bucket (de-duplication, rule 4), dropped once the bucket is late for every metric of the
+  source.
+- `lp:{lp}:rebuilding` — set of `<topic>:<partition>` being rebuilt after a data loss; the API
   reports `speed_status: "rebuilding"` while it is not empty.
-- `lp:rebuild_until` — hash `<topic>:<partition>` -> the offset a rebuild must reach before
-  that member leaves `lp:rebuilding` (so whichever worker owns the partition can finish it).
+- `lp:{lp}:rebuild_until` — hash `<topic>:<partition>` -> the offset a rebuild must reach
+  before that member leaves the rebuilding set (so whichever worker owns the partition can
+  finish it).
 """
 
 from __future__ import annotations
@@ -21,53 +30,60 @@ from collections.abc import Sequence
 
 import orjson
 
-EPOCH_KEY = "lp:epoch"
-REBUILDING_KEY = "lp:rebuilding"
-REBUILD_UNTIL_KEY = "lp:rebuild_until"
+EPOCH_KEY = "lp:{lp}:epoch"
+REBUILDING_KEY = "lp:{lp}:rebuilding"
+REBUILD_UNTIL_KEY = "lp:{lp}:rebuild_until"
+
+
+def partition_tag(topic: str, partition: int | str) -> str:
+    """The hash tag of every key one source partition's apply writes (Kafka topic names
+    cannot hold braces or colons, so the tag is unambiguous)."""
+    return f"{{{topic}:{partition}}}"
 
 
 def fence_key(topic: str, partition: int) -> str:
-    return f"lp:fence:{topic}:{partition}"
+    return f"lp:fence:{partition_tag(topic, partition)}"
 
 
-def cell_key_prefix(metric: str, version: str) -> str:
-    """`cell_key` up to `<start_ms>:<partition>`: readers that build the names inside a Lua
-    script send this once instead of one name per sub-cell."""
-    return f"lp:cell:{metric}:{version}:"
+def cell_key_prefix(topic: str, partition: int, metric: str, version: str) -> str:
+    """`cell_key` up to `<start_ms>`: readers that build the names inside a Lua script send
+    this once per partition instead of one name per sub-cell."""
+    return f"lp:cell:{partition_tag(topic, partition)}:{metric}:{version}:"
 
 
-def cell_key(metric: str, version: str, start_ms: int, partition: int) -> str:
-    return f"{cell_key_prefix(metric, version)}{start_ms}:{partition}"
+def cell_key(topic: str, partition: int, metric: str, version: str, start_ms: int) -> str:
+    return f"{cell_key_prefix(topic, partition, metric, version)}{start_ms}"
 
 
-def cell_pattern(metric: str, version: str, partition: int | None = None) -> str:
+def cell_pattern(topic: str, metric: str, version: str, partition: int | None = None) -> str:
     """A SCAN pattern for a metric version's sub-cells (of one partition, or all)."""
-    return f"{cell_key_prefix(metric, version)}*" + ("" if partition is None else f":{partition}")
+    tag = partition_tag(topic, "*" if partition is None else partition)
+    return f"lp:cell:{tag}:{metric}:{version}:*"
 
 
-def cell_of_key(key: str, metric: str, version: str) -> tuple[int, int]:
-    """(start_ms, partition) of a `cell_key` of the given metric version."""
-    start, _, partition = key.removeprefix(cell_key_prefix(metric, version)).partition(":")
-    return int(start), int(partition)
+def cell_of_key(key: str) -> tuple[int, int]:
+    """(start_ms, partition) of a `cell_key`."""
+    tag, _, rest = key.removeprefix("lp:cell:{").partition("}:")
+    return int(rest.rpartition(":")[2]), int(tag.rpartition(":")[2])
 
 
 def ids_key(topic: str, partition: int, bucket_ms: int) -> str:
-    return f"lp:ids:{topic}:{partition}:{bucket_ms}"
+    return f"lp:ids:{partition_tag(topic, partition)}:{bucket_ms}"
 
 
 def ids_pattern(topic: str, partition: int | None = None) -> str:
     """A SCAN pattern for a source's de-dup id sets (of one partition, or all)."""
-    return f"lp:ids:{topic}:" + ("*" if partition is None else f"{partition}:*")
+    return f"lp:ids:{partition_tag(topic, '*' if partition is None else partition)}:*"
 
 
-def ids_of_key(key: str, topic: str) -> tuple[int, int]:
-    """(partition, bucket_ms) of an `ids_key` of the given topic."""
-    partition, _, bucket = key.removeprefix(f"lp:ids:{topic}:").partition(":")
-    return int(partition), int(bucket)
+def ids_of_key(key: str) -> tuple[int, int]:
+    """(partition, bucket_ms) of an `ids_key`."""
+    tag, _, bucket = key.removeprefix("lp:ids:{").partition("}:")
+    return int(tag.rpartition(":")[2]), int(bucket)
 
 
 def rebuild_member(topic: str, partition: int) -> str:
-    """A partition's name in `lp:rebuilding` / `lp:rebuild_until`."""
+    """A partition's name in the rebuilding set and `REBUILD_UNTIL_KEY`."""
     return f"{topic}:{partition}"
 
 

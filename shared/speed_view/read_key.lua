@@ -1,17 +1,17 @@
--- One call for one key's states: the epoch marker (KEYS[1]), the rebuilding set's size
--- (KEYS[2]) and the key's field (ARGV[2]) in every sub-cell of the base cells asked for,
--- named here from their prefix (ARGV[1]) and the partition count (ARGV[3]). The cells come
--- as runs: ARGV[4] is the base window, then (first start, cell count) pairs. A series asks
--- for ~60 contiguous cells: two numbers instead of ~60 (or ~240 names) are most of what the
--- call saves the client. Called by `reader.SpeedViewReader.read_key`.
-local out = {redis.call('EXISTS', KEYS[1]), redis.call('SCARD', KEYS[2])}
-local prefix, field, partitions = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local base = tonumber(ARGV[4])
-for i = 5, #ARGV, 2 do
+-- One key's states in the sub-cells of some source partitions: the key's field (ARGV[1]) in
+-- every sub-cell of the base cells asked for, named here from each partition's cell prefix.
+-- ARGV[2] is the base window, ARGV[3] the number of prefixes, then the prefixes, then the
+-- cells as runs of (first start, cell count). KEYS are the partitions' fences: they only
+-- route the call (on a Redis Cluster, one call per partition, since each has its own slot).
+-- A series asks for ~60 contiguous cells: two numbers instead of ~60 names per partition are
+-- most of what the call saves the client. Called by `reader.SpeedViewReader.read_key`.
+local out = {}
+local field, base, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+for i = 4 + n, #ARGV, 2 do
   local first, count = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
-  for n = 0, count - 1 do
-    local cell = prefix .. string.format('%d', first + n * base) .. ':'
-    for p = 0, partitions - 1 do out[#out + 1] = redis.call('HGET', cell .. p, field) end
+  for c = 0, count - 1 do
+    local start = string.format('%d', first + c * base)
+    for p = 4, 3 + n do out[#out + 1] = redis.call('HGET', ARGV[p] .. start, field) end
   end
 end
 return out

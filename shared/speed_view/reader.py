@@ -1,19 +1,24 @@
 """The serving layer's reader of the speed view (asyncio): status, one key's sub-cell states
-in one Lua call, and every key's states or names over a range of base cells, pipelined. A
+in one round trip, and every key's states or names over a range of base cells, pipelined. A
 short circuit breaker turns a Redis failure into batch-only answers (rule 9: `unavailable`,
-never a 5xx). Key names come from `keys`; states are the aggregation registry's bytes."""
+never a 5xx). Key names come from `keys`; states are the aggregation registry's bytes. On a
+Redis Cluster the pipelines fan out to the masters holding each partition's slot."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import redis
-import redis.asyncio as aioredis
+import redis.exceptions
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
-from shared.speed_view.keys import EPOCH_KEY, REBUILDING_KEY, cell_key, cell_key_prefix
+from shared.metric_plan import MetricPlan
+from shared.speed_view.client import REDIS_FAILURES, AsyncRedis, SyncRedis
+from shared.speed_view.keys import EPOCH_KEY, REBUILDING_KEY, cell_key, cell_key_prefix, fence_key
 
 
 def speed_status_of(has_epoch: Any, rebuilding: Any) -> str:
@@ -21,14 +26,13 @@ def speed_status_of(has_epoch: Any, rebuilding: Any) -> str:
     return "ok" if has_epoch and not rebuilding else "rebuilding"
 
 
-def speed_status(client: redis.Redis) -> str:
+def speed_status(client: SyncRedis) -> str:
     """The speed view's status read with a blocking client (for the operator routes)."""
     try:
         pipe = client.pipeline(transaction=False)
-        pipe.exists(EPOCH_KEY)
-        pipe.scard(REBUILDING_KEY)
+        _queue_status(pipe)
         return speed_status_of(*pipe.execute())
-    except redis.RedisError:
+    except REDIS_FAILURES:
         return "unavailable"
 
 
@@ -36,9 +40,11 @@ class SpeedViewReader:
     """Reads from Redis (asyncio) with a short circuit breaker: once Redis failed, requests
     answer batch-only (`unavailable`) for `cooldown_s` instead of each waiting for a timeout."""
 
-    def __init__(self, client: aioredis.Redis, cooldown_s: float = 2.0) -> None:
+    def __init__(self, client: AsyncRedis, cooldown_s: float = 2.0) -> None:
         self.client = client
-        self._script = client.register_script(_script("read_key.lua"))
+        self._read_key = _script("read_key.lua")
+        self._read_key_sha = hashlib.sha1(self._read_key.encode()).hexdigest()
+        self._one_slot_per_partition = isinstance(client, AsyncRedisCluster)
         self._cooldown = cooldown_s
         self._down_until = 0.0
 
@@ -48,71 +54,103 @@ class SpeedViewReader:
     def _failed(self) -> None:
         self._down_until = time.monotonic() + self._cooldown
 
+    async def _pipelined(
+        self, queue: Callable[[Any], None], scripts: Sequence[Sequence[Any]] = ()
+    ) -> list[Any] | None:
+        """The replies of the commands `queue` puts in one pipeline, then of the read script
+        called with each of `scripts` (EVALSHA's arguments after the sha); None when Redis
+        failed (the breaker opens). On one server the scripts ride in the same pipeline; a
+        cluster pipeline refuses scripts, so there they are sent beside it, concurrently. A
+        script Redis forgot (restart, failover) is loaded once more."""
+        for attempt in (1, 2):
+            pipe = self.client.pipeline(transaction=False)
+            queue(pipe)
+            try:
+                if not self._one_slot_per_partition:
+                    for args in scripts:
+                        pipe.evalsha(self._read_key_sha, *args)
+                    return list(await pipe.execute())
+                sent = [self.client.evalsha(self._read_key_sha, *args) for args in scripts]
+                piped, *scripted = await asyncio.gather(pipe.execute(), *sent)
+                return [*piped, *scripted]
+            except redis.exceptions.NoScriptError:
+                if attempt == 2:
+                    break
+                try:
+                    await self.client.script_load(self._read_key)
+                except REDIS_FAILURES:
+                    break
+            except REDIS_FAILURES:
+                break
+        self._failed()
+        return None
+
     async def status(self) -> str:
         """ok, rebuilding (Redis lost its data or a rebuild runs), or unavailable."""
         if not self._available():
             return "unavailable"
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.exists(EPOCH_KEY)
-            pipe.scard(REBUILDING_KEY)
-            has_epoch, rebuilding = await pipe.execute()
-        except redis.RedisError:
-            self._failed()
-            return "unavailable"
-        return speed_status_of(has_epoch, rebuilding)
+        replies = await self._pipelined(_queue_status)
+        return "unavailable" if replies is None else speed_status_of(*replies)
+
+    def _partition_groups(self, partitions: int) -> list[list[int]]:
+        """The partitions one read script may visit together: all of them on one server, each
+        alone on a cluster (a script stays in one slot)."""
+        if self._one_slot_per_partition:
+            return [[p] for p in range(partitions)]
+        return [list(range(partitions))]
 
     async def read_key(
-        self,
-        metric: str,
-        version: str,
-        starts: Sequence[int],
-        base_ms: int,
-        partitions: int,
-        key: bytes,
+        self, plan: MetricPlan, starts: Sequence[int], key: bytes
     ) -> tuple[str, dict[int, list[bytes]]]:
-        """Status and one key's sub-cell states per base cell start (each a multiple of
-        `base_ms`), in one call."""
+        """Status and one key's sub-cell states per base cell start (each a multiple of the
+        plan's base window), in one round trip."""
         if not self._available():
             return "unavailable", {}
-        args: list[Any] = [cell_key_prefix(metric, version), key, partitions, base_ms]
-        args.extend(n for run in runs_of(starts, base_ms) for n in run)
-        try:
-            reply = await self._script(keys=[EPOCH_KEY, REBUILDING_KEY], args=args)
-        except redis.RedisError:
-            self._failed()
+        topic, base = plan.source.topic, plan.base_window_ms
+        groups = self._partition_groups(plan.source.partitions)
+        runs = [n for run in runs_of(starts, base) for n in run]
+
+        scripts = []
+        for group in groups:
+            prefixes = [cell_key_prefix(topic, p, plan.name, plan.version) for p in group]
+            fences = [fence_key(topic, p) for p in group]
+            scripts.append([len(fences), *fences, key, base, len(prefixes), *prefixes, *runs])
+        replies = await self._pipelined(_queue_status, scripts)
+        if replies is None:
             return "unavailable", {}
         states: dict[int, list[bytes]] = {}
-        values = iter(reply[2:])
-        for start in starts:
-            found = [v for v in (next(values) for _ in range(partitions)) if v is not None]
-            if found:
-                states[start] = found
-        return speed_status_of(reply[0], reply[1]), states
+        for group, reply in zip(groups, replies[2:], strict=True):
+            values = iter(reply)
+            for start in starts:
+                found = [v for v in (next(values) for _ in group) if v is not None]
+                if found:
+                    states.setdefault(start, []).extend(found)
+        return speed_status_of(replies[0], replies[1]), states
 
     async def _each_sub_cell(
-        self, command: str, metric: str, version: str, starts: Sequence[int], partitions: int
+        self, command: str, plan: MetricPlan, starts: Sequence[int]
     ) -> tuple[str, list[Any]]:
         """Status and the replies of `command` (a Redis hash command) on every sub-cell of
-        the given base cells, pipelined in one round trip."""
+        the given base cells (start-major, then partition), pipelined in one round trip."""
         status = await self.status()
         if status == "unavailable" or not starts:
             return status, []
-        pipe = self.client.pipeline(transaction=False)
-        for start in starts:
-            for partition in range(partitions):
-                getattr(pipe, command)(cell_key(metric, version, start, partition))
-        try:
-            return status, await pipe.execute()
-        except redis.RedisError:
-            self._failed()
-            return "unavailable", []
+        topic, partitions = plan.source.topic, plan.source.partitions
+
+        def queue(pipe: Any) -> None:
+            for start in starts:
+                for partition in range(partitions):
+                    name = cell_key(topic, partition, plan.name, plan.version, start)
+                    getattr(pipe, command)(name)
+
+        replies = await self._pipelined(queue)
+        return ("unavailable", []) if replies is None else (status, replies)
 
     async def read_all(
-        self, metric: str, version: str, starts: Sequence[int], partitions: int
+        self, plan: MetricPlan, starts: Sequence[int]
     ) -> tuple[str, dict[bytes, list[bytes]]]:
         """Status and every key's sub-cell states over the given base cells."""
-        status, by_start = await self.read_all_by_start(metric, version, starts, partitions)
+        status, by_start = await self.read_all_by_start(plan, starts)
         by_key: dict[bytes, list[bytes]] = {}
         for cell in by_start.values():
             for encoded, states in cell.items():
@@ -120,10 +158,11 @@ class SpeedViewReader:
         return status, by_key
 
     async def read_all_by_start(
-        self, metric: str, version: str, starts: Sequence[int], partitions: int
+        self, plan: MetricPlan, starts: Sequence[int]
     ) -> tuple[str, dict[int, dict[bytes, list[bytes]]]]:
         """Status and, per base cell start, every key's sub-cell states."""
-        status, replies = await self._each_sub_cell("hgetall", metric, version, starts, partitions)
+        status, replies = await self._each_sub_cell("hgetall", plan, starts)
+        partitions = plan.source.partitions
         by_start: dict[int, dict[bytes, list[bytes]]] = {}
         for n, reply in enumerate(replies):
             if reply:
@@ -132,12 +171,16 @@ class SpeedViewReader:
                     cell.setdefault(encoded, []).append(state)
         return status, by_start
 
-    async def read_fields(
-        self, metric: str, version: str, starts: Sequence[int], partitions: int
-    ) -> tuple[str, set[bytes]]:
+    async def read_fields(self, plan: MetricPlan, starts: Sequence[int]) -> tuple[str, set[bytes]]:
         """Status and the encoded keys present in the given base cells."""
-        status, replies = await self._each_sub_cell("hkeys", metric, version, starts, partitions)
+        status, replies = await self._each_sub_cell("hkeys", plan, starts)
         return status, {name for reply in replies for name in reply}
+
+
+def _queue_status(pipe: Any) -> None:
+    """The two reads `speed_status_of` takes."""
+    pipe.exists(EPOCH_KEY)
+    pipe.scard(REBUILDING_KEY)
 
 
 def runs_of(starts: Sequence[int], step: int) -> list[tuple[int, int]]:

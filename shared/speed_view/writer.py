@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import redis
-
+from shared.metric_plan import MetricPlan
+from shared.speed_view.client import SyncRedis
 from shared.speed_view.keys import (
     EPOCH_KEY,
     REBUILD_UNTIL_KEY,
@@ -43,7 +43,7 @@ class ApplyBatch:
     ids: dict[str, list[str]] = field(default_factory=dict)
 
 
-def ensure_epoch(client: redis.Redis, candidate: str) -> str:
+def ensure_epoch(client: SyncRedis, candidate: str) -> str:
     """The current epoch marker, creating it when Redis has none (fresh or wiped)."""
     client.set(EPOCH_KEY, candidate, nx=True)
     current = client.get(EPOCH_KEY)
@@ -57,24 +57,18 @@ class SpeedViewWriter:
     (rule 3), the reads a batch needs first (fence, stored states, known ids), rebuild marks
     (rule 9) and the scans cleanup uses."""
 
-    def __init__(self, client: redis.Redis, ttl_seconds: int) -> None:
+    def __init__(self, client: SyncRedis, ttl_seconds: int) -> None:
         self._client = client
         self._ttl = ttl_seconds
         self._apply = client.register_script(_script("apply.lua"))
 
     def apply(
-        self,
-        epoch: str,
-        topic: str,
-        partition: int,
-        expected: Fence,
-        new_fence: Fence,
-        batch: ApplyBatch,
+        self, topic: str, partition: int, expected: Fence, new_fence: Fence, batch: ApplyBatch
     ) -> int:
-        """APPLIED, FENCE_MOVED (another worker wrote since) or EPOCH_LOST (Redis was wiped)."""
-        keys: list[str] = [EPOCH_KEY, fence_key(topic, partition)]
+        """APPLIED, FENCE_MOVED (another worker wrote since) or EPOCH_LOST (the fence this
+        worker wrote or read vanished: the partition's data was lost)."""
+        keys: list[str] = [fence_key(topic, partition)]
         args: list[Any] = [
-            epoch,
             "" if expected.offset is None else str(expected.offset),
             str(new_fence.offset),
             "" if new_fence.stream_time is None else str(new_fence.stream_time),
@@ -149,27 +143,25 @@ class SpeedViewWriter:
         pipe.hdel(REBUILD_UNTIL_KEY, member)
         pipe.execute()
 
-    def partition_keys(
-        self, topic: str, partition: int, versions: Sequence[tuple[str, str]]
-    ) -> list[str]:
+    def partition_keys(self, topic: str, partition: int, plans: Sequence[MetricPlan]) -> list[str]:
         """Every key a partition's state lives in: its fence, de-dup id sets and the sub-cells
-        of the given (metric, version)s (what a rebuild under new definitions drops)."""
+        of the given metric versions (what a rebuild under new definitions drops)."""
         keys = [fence_key(topic, partition), *self._scan(ids_pattern(topic, partition))]
-        for metric, version in versions:
-            keys += self._scan(cell_pattern(metric, version, partition))
+        for plan in plans:
+            keys += self._scan(cell_pattern(topic, plan.name, plan.version, partition))
         return keys
 
-    def sub_cells(self, metric: str, version: str) -> list[tuple[str, int, int]]:
+    def sub_cells(self, plan: MetricPlan) -> list[tuple[str, int, int]]:
         """(key, start_ms, partition) of every sub-cell of a metric version."""
-        return [
-            (k, *cell_of_key(k, metric, version)) for k in self._scan(cell_pattern(metric, version))
-        ]
+        pattern = cell_pattern(plan.source.topic, plan.name, plan.version)
+        return [(k, *cell_of_key(k)) for k in self._scan(pattern)]
 
     def id_sets(self, topic: str) -> list[tuple[str, int, int]]:
         """(key, partition, bucket_ms) of every de-dup id set of a source topic."""
-        return [(k, *ids_of_key(k, topic)) for k in self._scan(ids_pattern(topic))]
+        return [(k, *ids_of_key(k)) for k in self._scan(ids_pattern(topic))]
 
     def delete_keys(self, keys: Sequence[str]) -> int:
+        """Unlinks the keys, 500 per call (a cluster client splits each call by slot)."""
         deleted = 0
         for i in range(0, len(keys), 500):
             deleted += int(self._client.unlink(*keys[i : i + 500]))

@@ -8,14 +8,13 @@ import random
 from typing import Any
 
 import pytest
-import redis
 from fastapi.testclient import TestClient
 
 from serving_layer import create_app
 from serving_layer.timefmt import format_time, parse_time
 from shared.db.connect import connect
 from shared.durations import format_duration
-from shared.speed_view import EPOCH_KEY
+from shared.speed_view import EPOCH_KEY, redis_client
 from shared.windows import point_source, window_starts
 from tests.conftest import Platform
 from tests.oracle import compare
@@ -134,7 +133,7 @@ def test_redis_down_answers_batch_only(platform: Platform) -> None:
 
 def test_rebuilding_when_epoch_missing(platform: Platform, client: TestClient) -> None:
     _load(platform, seed=4, w_offset_min=0)
-    redis.Redis.from_url(platform.settings.redis.url).delete(EPOCH_KEY)
+    redis_client(platform.settings.redis).delete(EPOCH_KEY)
     r = client.get(
         "/v1/metrics/views_total/series",
         params={"window": "1m", "start": format_time(T0), "end": format_time(T0 + HOUR)},
@@ -173,7 +172,7 @@ def test_speed_points_follow_changed_sub_cells(platform: Platform) -> None:
     with TestClient(create_app(platform.settings)) as client:
         _check_series(client, platform, events, watermark, MINUTE, *span)
         more = events + random_events(random.Random(7), *span, 400, PAGES)
-        redis.Redis.from_url(platform.settings.redis.url).flushdb()
+        redis_client(platform.settings.redis).flushdb()
         for metric in platform.settings.plans.values():
             write_speed(platform.settings, metric, more, watermark, seed=8)
         _check_series(client, platform, more, watermark, MINUTE, *span)
@@ -205,7 +204,7 @@ def test_windows_across_w_follow_changed_sub_cells(platform: Platform) -> None:
             _check_series(client, platform, events, watermark, HOUR, *span)
             assert total_counts(client) == brute_counts(events)
         more = events + random_events(random.Random(10), watermark, span[1], 400, PAGES)
-        redis.Redis.from_url(platform.settings.redis.url).flushdb()
+        redis_client(platform.settings.redis).flushdb()
         for metric in platform.settings.plans.values():
             write_speed(platform.settings, metric, more, watermark, seed=11)
         _check_series(client, platform, more, watermark, HOUR, *span)

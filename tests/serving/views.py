@@ -9,15 +9,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
 from batch_layer.publish import Publication, publish_full_generation
 from shared.aggregations import CellState, encode_state, fold_inputs
 from shared.config import Settings
 from shared.db.cells import BatchCell
 from shared.db.connect import connect
 from shared.metric_plan import MetricPlan, versions_of
-from shared.speed_view import EPOCH_KEY, cell_key, encode_key, fence_key
+from shared.speed_view import EPOCH_KEY, cell_key, encode_key, fence_key, redis_client
 from shared.windows import window_start
 from tests import oracle
 
@@ -94,7 +92,7 @@ def write_speed(
     seed: int = 0,
 ) -> None:
     """Sub-cells of the events in base cells after W, spread over the source's partitions."""
-    client = redis.Redis.from_url(settings.redis.url)
+    client = redis_client(settings.redis)
     client.set(EPOCH_KEY, "test-epoch")
     version = metric.version
     base = metric.base_window_ms
@@ -108,7 +106,7 @@ def write_speed(
     pipe = client.pipeline()
     for (start, partition, key), group in groups.items():
         pipe.hset(
-            cell_key(metric.name, version, start, partition),
+            cell_key(metric.source.topic, partition, metric.name, version, start),
             encode_key(key),
             encode_state(_state(metric, group)),
         )

@@ -11,10 +11,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import redis
 from confluent_kafka import Consumer, TopicPartition
 
-from shared.speed_view import REBUILDING_KEY, fence_key
+from shared.speed_view import REBUILDING_KEY, fence_key, redis_client
 from tests import oracle
 from tests.conftest import Platform, reconfigured
 from tests.views import speed_view_cells
@@ -75,7 +74,7 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
 
 def fences(platform: Platform) -> list[int | None]:
     source = platform.settings.sources[0]
-    client = redis.Redis.from_url(platform.settings.redis.url)
+    client = redis_client(platform.settings.redis)
     raw = [client.hget(fence_key(source.topic, p), "offset") for p in range(source.partitions)]
     return [None if v is None else int(v) for v in raw]
 
@@ -88,7 +87,7 @@ def wait_until_applied(
     """Until every partition's fence has reached the topic's end and no rebuild is pending."""
     source = platform.settings.sources[0]
     ends = end_offsets(platform.settings.kafka.bootstrap_servers, source.topic, source.partitions)
-    client = redis.Redis.from_url(platform.settings.redis.url)
+    client = redis_client(platform.settings.redis)
     deadline = time.monotonic() + timeout_s
     current: list[int | None] = []
     while time.monotonic() < deadline:

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import orjson
 import pytest
-import redis
 
 from lambdactl.generator import GeneratorSpec, generate, produce
 from shared.db.connect import connect
 from shared.kafka import create_topics
 from shared.metric_plan import versions_of
+from shared.speed_view import redis_client
 from shared.speed_view.keys import ids_of_key, ids_pattern
 from tests import oracle
 from tests.conftest import Platform
@@ -38,7 +38,7 @@ def test_cells_at_or_before_a_served_w_are_deleted(platform: Platform, tmp_path:
     settings = platform.settings
     topic = settings.sources[0].topic
     bootstrap = settings.kafka.bootstrap_servers
-    client = redis.Redis.from_url(settings.redis.url)
+    client = redis_client(settings.redis)
     create_topics(settings)
     now = int(time.time() * 1000) // MINUTE * MINUTE
     produce(bootstrap, topic, generate(GeneratorSpec(now - 30 * MINUTE, now, 4000, seed=51)))
@@ -70,5 +70,5 @@ def test_cells_at_or_before_a_served_w_are_deleted(platform: Platform, tmp_path:
     after_w = {c: v for c, v in want.items() if c[2] >= w}
     assert after_w and oracle.compare(after_w, speed_cells(platform)) == []
     for key in client.scan_iter(match=ids_pattern(topic)):
-        _partition, bucket = ids_of_key(key.decode(), topic)
+        _partition, bucket = ids_of_key(key.decode())
         assert bucket + MINUTE > w, f"de-dup set {key!r} outlived its cells"

@@ -14,7 +14,6 @@ from typing import Any
 
 import orjson
 import pytest
-import redis
 
 from lambdactl.generator import GeneratorSpec, generate
 from shared.config import Settings
@@ -23,12 +22,14 @@ from shared.speed_view import (
     EPOCH_KEY,
     FENCE_MOVED,
     SpeedViewWriter,
+    SyncRedis,
     fence_key,
+    redis_client,
 )
 from shared.speed_view.keys import cell_pattern
 from speed_layer.processor import RawRecord, SourceProcessor
 from tests import oracle
-from tests.conftest import TEST_REDIS_DB, platform_config
+from tests.conftest import platform_config, redis_for_tests
 from tests.views import speed_view_cells
 
 MINUTE = 60_000
@@ -39,9 +40,9 @@ pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
 
 
 @pytest.fixture
-def client(stack: Settings) -> redis.Redis:
-    """The flushed test Redis database, with the epoch marker the processor applies under."""
-    client = redis.Redis.from_url(stack.redis.url.rpartition("/")[0] + f"/{TEST_REDIS_DB}")
+def client(stack: Settings) -> SyncRedis:
+    """The flushed test Redis (database or cluster), with the epoch marker."""
+    client = redis_client(redis_for_tests(stack))
     client.flushdb()
     client.set(EPOCH_KEY, "epoch")
     return client
@@ -93,18 +94,18 @@ def _values() -> list[bytes]:
     return values
 
 
-def _stored_cells(client: redis.Redis, settings: Settings) -> dict[str, dict[bytes, bytes]]:
+def _stored_cells(client: SyncRedis, settings: Settings) -> dict[str, dict[bytes, bytes]]:
     return {
         name.decode(): client.hgetall(name)
         for m in settings.plans.values()
-        for name in client.scan_iter(cell_pattern(m.name, m.version))
+        for name in client.scan_iter(cell_pattern(m.source.topic, m.name, m.version))
     }
 
 
 @pytest.mark.parametrize("batch_size", [1, 7, 500, 5_000])
 @pytest.mark.parametrize("watermark", [None, T0 + 10 * MINUTE], ids=["no-W", "W"])
 def test_any_batch_split_matches_the_oracle(
-    client: redis.Redis, batch_size: int, watermark: int | None
+    client: SyncRedis, batch_size: int, watermark: int | None
 ) -> None:
     config = _config()
     settings = Settings(**config)
@@ -121,7 +122,7 @@ def test_any_batch_split_matches_the_oracle(
     duplicates = 0
     late_offsets: list[int] = []
     for i in range(0, len(records), batch_size):
-        outcome = processor.process("epoch", 0, records[i : i + batch_size], watermarks)
+        outcome = processor.process(0, records[i : i + batch_size], watermarks)
         assert outcome.status == APPLIED
         dead.update(item.why for item in outcome.dead_letters)
         late.update(outcome.late_by_metric)
@@ -150,7 +151,7 @@ def test_any_batch_split_matches_the_oracle(
     assert store.read_fence(source.topic, 0).stream_time == expected.stream_time[(source.topic, 0)]
 
 
-def test_a_fence_moved_by_another_worker_discards_the_batch(client: redis.Redis) -> None:
+def test_a_fence_moved_by_another_worker_discards_the_batch(client: SyncRedis) -> None:
     settings = Settings(**_config())
     store = SpeedViewWriter(client, 86_400)
     processor = SourceProcessor(
@@ -161,10 +162,10 @@ def test_a_fence_moved_by_another_worker_discards_the_batch(client: redis.Redis)
     )
     values = _values()[:100]
     first = [RawRecord(i, T0 + 60 * MINUTE, v) for i, v in enumerate(values[:50])]
-    assert processor.process("epoch", 0, first, {}).status == APPLIED
+    assert processor.process(0, first, {}).status == APPLIED
     client.hset(fence_key(settings.sources[0].topic, 0), "offset", 70)  # another worker
     cells_before = _stored_cells(client, settings)
     rest = [RawRecord(i, T0 + 60 * MINUTE, v) for i, v in enumerate(values[50:], 50)]
-    assert processor.process("epoch", 0, rest, {}).status == FENCE_MOVED
+    assert processor.process(0, rest, {}).status == FENCE_MOVED
     assert _stored_cells(client, settings) == cells_before
     assert processor.known_fence(0) is None

@@ -7,13 +7,12 @@ import time
 from pathlib import Path
 
 import pytest
-import redis
 import yaml
 
 from lambdactl.generator import GeneratorSpec, generate, produce
 from shared.config import Settings
 from shared.kafka import create_topics
-from shared.speed_view import EPOCH_KEY, REBUILDING_KEY
+from shared.speed_view import EPOCH_KEY, REBUILDING_KEY, redis_client
 from tests import oracle
 from tests.conftest import Platform
 from tests.speed.support import (
@@ -36,7 +35,7 @@ def test_flushdb_mid_stream_rebuilds(platform: Platform, tmp_path: Path) -> None
     settings = platform.settings
     topic = settings.sources[0].topic
     bootstrap = settings.kafka.bootstrap_servers
-    client = redis.Redis.from_url(settings.redis.url)
+    client = redis_client(settings.redis)
     create_topics(settings)
     now = int(time.time() * 1000) // MINUTE * MINUTE
     produce(bootstrap, topic, generate(GeneratorSpec(now - 30 * MINUTE, now, 8000, seed=41)))
