@@ -1,4 +1,5 @@
-"""The local Apache Kafka broker of `lambdactl stack up`: one KRaft node, broker and controller.
+"""The local Apache Kafka broker of `lambdactl stack up`: one KRaft node, broker and controller;
+and a local quorum of several such nodes (`quorum_commands`), for the tests of a cluster.
 
 Its jars come from Maven Central by the pinned coordinates in `kafka/pom.xml`: Maven resolves
 them into its own repository (`~/.m2`, so only the first setup downloads, ~43 MB) and writes
@@ -15,6 +16,7 @@ import re
 import socket
 import subprocess
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from shared.errors import ServiceUnavailableError
@@ -86,48 +88,89 @@ def classpath(mvn: str, cache_dir: Path) -> str:
 
 def broker_command(java: str, jars: str, data: Path, host: str, port: int) -> list[str]:
     """Write the node's configuration, format its storage on first start, return its command."""
-    data.mkdir(parents=True, exist_ok=True)
-    properties = data / "server.properties"
-    properties.write_text(_server_properties(data, host, port, _free_port(host)))
-    if not (data / "meta.properties").exists():
-        fmt = [*_java(java, jars), STORAGE_TOOL, "format", "-t", _cluster_id(), "-c"]
-        done = subprocess.run([*fmt, str(properties)], capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise ServiceUnavailableError(
-                f"formatting the Kafka log directory {data} failed (exit {done.returncode}):\n"
-                f"{(done.stdout + done.stderr).strip()}"
+    controller = _free_port(host)
+    node = KraftNode(NODE_ID, port, controller, data)
+    return node.command(java, jars, host, f"{NODE_ID}@{host}:{controller}", _cluster_id(), 1)
+
+
+def quorum_commands(
+    java: str, jars: str, root: Path, host: str, ports: list[int]
+) -> list[list[str]]:
+    """A cluster of `len(ports)` KRaft nodes, each broker and controller, in `root/node-<id>`
+    (formatted afresh): one command per node, listening on its port of `ports`. Topics and
+    the internal ones get Kafka's production defaults for such a cluster: replication factor
+    up to 3 and `min.insync.replicas` up to 2, so with `acks=all` one node may fail without
+    losing or refusing an acknowledged write."""
+    nodes = [
+        KraftNode(n, port, _free_port(host), root / f"node-{n}")
+        for n, port in enumerate(ports, start=1)
+    ]
+    voters = ",".join(f"{node.node_id}@{host}:{node.controller_port}" for node in nodes)
+    cluster = _cluster_id()
+    return [node.command(java, jars, host, voters, cluster, len(nodes)) for node in nodes]
+
+
+@dataclass(frozen=True)
+class KraftNode:
+    """One KRaft node (broker and controller) of the quorum `voters` names."""
+
+    node_id: int
+    port: int
+    controller_port: int
+    data: Path
+
+    def command(
+        self, java: str, jars: str, host: str, voters: str, cluster_id: str, nodes: int
+    ) -> list[str]:
+        """Write the node's configuration, format its storage on first start (with
+        `cluster_id`), return its command."""
+        self.data.mkdir(parents=True, exist_ok=True)
+        properties = self.data / "server.properties"
+        properties.write_text(self._properties(host, voters, nodes))
+        if not (self.data / "meta.properties").exists():
+            fmt = [*_java(java, jars), STORAGE_TOOL, "format", "-t", cluster_id, "-c"]
+            done = subprocess.run(
+                [*fmt, str(properties)], capture_output=True, text=True, check=False
             )
-    return [*_java(java, jars), MAIN_CLASS, str(properties)]
+            if done.returncode != 0:
+                raise ServiceUnavailableError(
+                    f"formatting the Kafka log directory {self.data} failed (exit "
+                    f"{done.returncode}):\n{(done.stdout + done.stderr).strip()}"
+                )
+        return [*_java(java, jars), MAIN_CLASS, str(properties)]
+
+    def _properties(self, host: str, voters: str, nodes: int) -> str:
+        replicas, min_isr = str(min(nodes, 3)), str(min(nodes, 2))
+        settings = {
+            "process.roles": "broker,controller",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": voters,
+            "listeners": f"PLAINTEXT://{host}:{self.port},CONTROLLER://{host}:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{host}:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.data),
+            # The platform creates its topics (partition counts checked against the config).
+            "auto.create.topics.enable": "false",
+            # Topics the platform creates take these (no replication factor of its own), and
+            # the internal topics cannot have more replicas than there are nodes.
+            "default.replication.factor": replicas,
+            "min.insync.replicas": min_isr,
+            "offsets.topic.replication.factor": replicas,
+            "transaction.state.log.replication.factor": replicas,
+            "transaction.state.log.min.isr": min_isr,
+            "share.coordinator.state.topic.replication.factor": replicas,
+            "share.coordinator.state.topic.min.isr": min_isr,
+            # A lone local worker gets its partitions at once (Kafka's own dev configs do this).
+            "group.initial.rebalance.delay.ms": "0",
+        }
+        lines = [f"{name}={value}" for name, value in settings.items()]
+        return "# Written by `lambdactl` at every start.\n" + "\n".join(lines) + "\n"
 
 
 def _java(java: str, jars: str) -> list[str]:
     return [java, *JVM_OPTIONS, f"-Dlog4j2.configurationFile={LOG4J}", "-cp", jars]
-
-
-def _server_properties(data: Path, host: str, port: int, controller_port: int) -> str:
-    settings = {
-        "process.roles": "broker,controller",
-        "node.id": str(NODE_ID),
-        "controller.quorum.voters": f"{NODE_ID}@{host}:{controller_port}",
-        "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://{host}:{port}",
-        "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-        "log.dirs": str(data),
-        # The platform creates its topics (partition counts checked against the config).
-        "auto.create.topics.enable": "false",
-        # One node: the internal topics cannot have more replicas than that.
-        "offsets.topic.replication.factor": "1",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
-        # A lone local worker gets its partitions at once (Kafka's own dev configs do this).
-        "group.initial.rebalance.delay.ms": "0",
-    }
-    lines = [f"{name}={value}" for name, value in settings.items()]
-    return "# Written by `lambdactl stack up` at every start.\n" + "\n".join(lines) + "\n"
 
 
 def _free_port(host: str) -> int:

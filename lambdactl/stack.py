@@ -223,6 +223,16 @@ def _pg_where(layout: _PgLayout) -> str:
 # Kafka and Redis: a foreground process we spawn and track by pid file.
 
 
+def kafka_runtime(settings: Settings) -> tuple[str, str]:
+    """The Java executable and the Apache Kafka classpath the local broker runs with (Java
+    installed and the jars resolved when missing), also for a local quorum of several nodes
+    (`kafka_broker.quorum_commands`)."""
+    _java_state(install=True)
+    java = _java_version()
+    assert java is not None, "_java_state installs Java or raises"
+    return java[0], kafka_broker.classpath(_maven(), _Dirs.of(settings).run)
+
+
 def _kafka_up(settings: Settings, dirs: _Dirs) -> ServiceState:
     host, port = _kafka_address(settings)
 
@@ -230,10 +240,8 @@ def _kafka_up(settings: Settings, dirs: _Dirs) -> ServiceState:
         return _kafka_error(settings.kafka, host, port)
 
     def command() -> list[str]:
-        java = _java_version()
-        assert java is not None, "stack_up checks Java first"
-        jars = kafka_broker.classpath(_maven(), dirs.run)
-        return kafka_broker.broker_command(java[0], jars, dirs.data("kafka"), _bind(host), port)
+        java, jars = kafka_runtime(settings)
+        return kafka_broker.broker_command(java, jars, dirs.data("kafka"), _bind(host), port)
 
     return _ensure_process(
         "kafka",

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,9 +22,15 @@ from typing import Any
 
 import httpx
 
+from batch_layer import execute_run
+from lambdactl.generator import GeneratorSpec, generate, produce
 from lambdactl.stack import stack_down, stack_up
 from shared.config import Settings
+from shared.db.runs import RunRequest
+from tests import oracle
+from tests.batch.helpers import oracle_mismatches, queue, run_record, served_view
 from tests.conftest import Platform, reconfigured
+from tests.speed.support import speed_cells
 
 SHORT_BACKOFFS: dict[str, dict[str, Any]] = {
     "speed": {"watermark_refresh_s": 1.0, "outage_backoff_s": 0.2, "outage_backoff_max_s": 2.0},
@@ -145,3 +152,82 @@ def gauge(metrics: str, name: str, labels: str = "") -> float | None:
     selector = re.escape(name) + (re.escape("{" + labels + "}") if labels else "")
     found = re.search(rf"^{selector} (\S+)$", text, re.M)
     return None if found is None else float(found.group(1))
+
+
+def speed_mismatches_after_w(platform: Platform, records: list[Any]) -> list[str]:
+    """The speed layer's base cells from the served W on, against the oracle over `records`
+    (the topic's records; the events rule 2 calls late left out)."""
+    served, _ = served_view(platform.settings)
+    assert served is not None, "no run has published yet"
+    want = oracle.compute_cells(
+        platform.config, records, late_rule=True, watermarks=served.watermarks
+    )
+    base = {m.name: m.base_window_ms for m in platform.settings.plans.values()}
+
+    def after_w(cells: dict[oracle.Cell, Any]) -> dict[oracle.Cell, Any]:
+        return {
+            cell: values
+            for cell, values in cells.items()
+            if cell[1] == base[cell[0]] and cell[2] >= (served.watermarks[cell[0]] or 0)
+        }
+
+    return oracle.compare(after_w(want), after_w(speed_cells(platform)))
+
+
+class EventStream:
+    """Traffic for a fault test: an hour of events produced up front (90 to 30 minutes ago),
+    then 12 chunks of 1,500 over the last 30 minutes, one every half second, from a thread;
+    all with the idempotent producer of `lambdactl produce`. `sent` counts the acknowledged
+    events."""
+
+    MINUTE = 60_000
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.bootstrap, self.topic = bootstrap, topic
+        self.now = int(time.time() * 1000) // self.MINUTE * self.MINUTE
+        history = GeneratorSpec(self.now - 90 * self.MINUTE, self.now - 30 * self.MINUTE, 4000)
+        self.sent = produce(bootstrap, topic, generate(history))
+        self._thread = threading.Thread(target=self._stream)
+
+    def _stream(self) -> None:
+        for chunk in range(12):
+            spec = GeneratorSpec(self.now - 30 * self.MINUTE, self.now, 1500, seed=100 + chunk)
+            self.sent += produce(self.bootstrap, self.topic, generate(spec))
+            time.sleep(0.5)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), f"producing took over {timeout_s:.0f} s"
+
+
+def rerun_suites(paths: list[str], env: dict[str, str], timeout_s: float) -> str:
+    """Runs pytest over `paths` in a subprocess with `env` added (e.g. the services it should
+    use instead); asserts that every test passed, none skipped; returns pytest's summary."""
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
+    assert run.returncode == 0, f"{run.stdout[-6000:]}\n{run.stderr[-3000:]}"
+    assert " passed" in summary and "skipped" not in summary, summary
+    return summary
+
+
+def settles_exactly(platform: Platform, spark: Any, events: EventStream, mode: str) -> None:
+    """After a fault, once the stream is drained: every acknowledged event is in the log once,
+    a run of `mode` succeeds, and the batch view and the speed cells after W equal the
+    oracle."""
+    settings = platform.settings
+    records = oracle.read_topic(events.bootstrap, events.topic)
+    assert len(records) == events.sent, "an acknowledged record was lost or written twice"
+    run_id = queue(settings, RunRequest(mode))
+    execute_run(settings, spark, run_id)
+    assert run_record(settings, run_id).status == "succeeded"
+    assert oracle_mismatches(settings, platform.config) == []
+    assert speed_mismatches_after_w(platform, records) == []

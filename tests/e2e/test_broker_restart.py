@@ -15,22 +15,20 @@ from typing import Any
 import pytest
 
 from batch_layer import execute_run
-from lambdactl.generator import GeneratorSpec, generate, produce
 from lambdactl.stack import stack_down, stack_up
 from shared.config import Settings
 from shared.db.runs import RunRequest
 from shared.kafka import create_topics
-from tests import oracle
-from tests.batch.helpers import oracle_mismatches, queue, run_record, served_view
+from tests.batch.helpers import queue, run_record
 from tests.conftest import Platform, reconfigured
-from tests.e2e.support import private_services
-from tests.speed.support import speed_cells, start_worker, stop_worker, wait_until_applied
+from tests.e2e.support import (
+    EventStream,
+    private_services,
+    settles_exactly,
+)
+from tests.speed.support import start_worker, stop_worker, wait_until_applied
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(420)]
-
-MINUTE = 60_000
-CHUNKS = 12
-CHUNK_EVENTS = 1500
 
 
 @pytest.fixture
@@ -48,23 +46,11 @@ def test_broker_restart_mid_stream_loses_nothing(
     settings = platform.settings
     bootstrap, topic = settings.kafka.bootstrap_servers, settings.sources[0].topic
     create_topics(settings)
-    now = int(time.time() * 1000) // MINUTE * MINUTE
-    sent = produce(
-        bootstrap, topic, generate(GeneratorSpec(now - 90 * MINUTE, now - 30 * MINUTE, 4000))
-    )
-
-    def stream() -> None:
-        nonlocal sent
-        for chunk in range(CHUNKS):
-            spec = GeneratorSpec(now - 30 * MINUTE, now, CHUNK_EVENTS, seed=100 + chunk)
-            sent += produce(bootstrap, topic, generate(spec))
-            time.sleep(0.5)
-
+    events = EventStream(bootstrap, topic)
     worker = start_worker(platform, tmp_path / "speed.log")
     # The restart must land mid-stream, not during the worker's first join: a join answered by
     # a broker still loading its metadata can leave the worker with no partitions (noted on #14).
     wait_until_applied(platform, timeout_s=120, workers=[worker])
-    producer = threading.Thread(target=stream)
     run_id = queue(settings, RunRequest("full"))
     run_error: list[BaseException] = []
 
@@ -75,7 +61,7 @@ def test_broker_restart_mid_stream_loses_nothing(
             run_error.append(exc)
 
     try:
-        producer.start()
+        events.start()
         time.sleep(2.0)
         reader = threading.Thread(target=batch_run)
         reader.start()
@@ -83,39 +69,14 @@ def test_broker_restart_mid_stream_loses_nothing(
         stack_down(managed, ("kafka",))
         time.sleep(3.0)
         stack_up(managed, ("kafka",))
-        producer.join(180)
+        events.join(180)
         reader.join(300)
-        assert not producer.is_alive() and not reader.is_alive()
+        assert not reader.is_alive()
         first = run_record(settings, run_id)
         assert first.status in ("succeeded", "failed"), first
         assert (first.status == "failed") == bool(run_error), (first, run_error)
         wait_until_applied(platform, timeout_s=180, workers=[worker])
         assert worker.poll() is None, "the speed worker died with the broker"
     finally:
-        if worker.poll() is None:
-            stop_worker(worker)
-        else:
-            worker.wait(10)
-
-    records = oracle.read_topic(bootstrap, topic)
-    assert len(records) == sent, "a produced record was lost or written twice"
-    after = queue(settings, RunRequest("full"))
-    execute_run(settings, spark, after)
-    assert run_record(settings, after).status == "succeeded"
-    assert oracle_mismatches(settings, platform.config) == []
-
-    served, _ = served_view(settings)
-    assert served is not None
-    want = oracle.compute_cells(
-        platform.config, records, late_rule=True, watermarks=served.watermarks
-    )
-    base = {m.name: m.base_window_ms for m in settings.plans.values()}
-
-    def after_w(cells: dict[oracle.Cell, Any]) -> dict[oracle.Cell, Any]:
-        return {
-            cell: values
-            for cell, values in cells.items()
-            if cell[1] == base[cell[0]] and cell[2] >= (served.watermarks[cell[0]] or 0)
-        }
-
-    assert oracle.compare(after_w(want), after_w(speed_cells(platform))) == []
+        stop_worker(worker)
+    settles_exactly(platform, spark, events, "full")
