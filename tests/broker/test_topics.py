@@ -6,15 +6,31 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
-from ._kafka import TopicFactory
+from ._kafka import TopicFactory, eventually
 
 pytestmark = pytest.mark.timeout(30)
 
 
 def _topic_config(admin: AdminClient, topic: str) -> dict[str, str | None]:
+    """The topic's configuration. On a cluster, DescribeConfigs goes to any broker, and one
+    that has not yet replayed the topic's creation from the metadata log answers
+    UNKNOWN_TOPIC_OR_PART, a retriable error that clients retry: so does this."""
     resource = ConfigResource(ResourceType.TOPIC, topic)
-    entries = admin.describe_configs([resource], request_timeout=10)[resource].result()
-    return {name: entry.value for name, entry in entries.items()}
+
+    def describe() -> dict[str, str | None] | KafkaException:
+        try:
+            entries = admin.describe_configs([resource], request_timeout=10)[resource].result()
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise
+            return exc
+        return {name: entry.value for name, entry in entries.items()}
+
+    config, _ = eventually(
+        describe, lambda got: isinstance(got, dict), timeout=15, what=f"config of {topic}"
+    )
+    assert isinstance(config, dict)
+    return config
 
 
 def test_create_topic_with_partitions_and_infinite_retention(

@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from serving_layer import create_app
 from shared.kafka import create_topics
 from shared.speed_view import fence_key
+from tests.broker._kafka import eventually
 from tests.conftest import Platform
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(120)]
@@ -185,7 +186,14 @@ def test_runs_queue_coalesce_list_cancel(platform: Platform, patient_client: Tes
     redis.Redis.from_url(platform.settings.redis.url).hset(
         fence_key(platform.settings.sources[0].topic, 1), mapping={"offset": 4, "stream_time": 0}
     )
-    partitions = client.get("/v1/status").json()["partitions"]
+    # A topic just created reaches the probe's metadata a moment later; until then the end
+    # offset is reported unknown (null), never a wrong number.
+    partitions, _ = eventually(
+        lambda: client.get("/v1/status").json()["partitions"],
+        lambda parts: parts[0]["end_offset"] is not None,
+        timeout=15,
+        what="/v1/status reporting the new topic's end offsets",
+    )
     assert partitions[0]["end_offset"] == 0 and partitions[0]["lag"] == 0
     assert partitions[1]["applied_offset"] == 4 and partitions[1]["stream_time"] == (
         "1970-01-01T00:00:00Z"
