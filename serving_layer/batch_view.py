@@ -50,22 +50,33 @@ FROM s
 LEFT JOIN unnest(%(sizes)s::bigint[], %(starts)s::bigint[], %(needs)s::boolean[])
     AS p(window_ms, start_ms, need)
     ON s.x = %(x)s AND s.v = %(version)s
-LEFT JOIN batch_cells c
-    ON c.generation = %(generation)s AND c.metric = %(metric)s AND c.version = %(version)s
-   AND c.window_ms = p.window_ms AND c.start_ms = p.start_ms AND c.key = %(key)s
+LEFT JOIN LATERAL (
+    SELECT * FROM batch_cells c
+    WHERE c.generation = %(generation)s AND c.metric = %(metric)s AND c.version = %(version)s
+      AND c.window_ms = p.window_ms AND c.start_ms = p.start_ms AND c.key = %(key)s
+    OFFSET 0
+) c ON true
 """
 )
+"""One key's cells at the given (window, start)s, each found by its primary key. `OFFSET 0`
+keeps the planner from flattening the lookup into a join: for a key it estimates at one row
+(a rollup's only key, `{}`) it then scanned every cell of the metric's version once per cell
+asked for (a day's total: 1,526 rows x 30 cells, 11 ms, where the lookups take 0.1 ms)."""
 
 _FILTERED_CELLS = """
 FROM s
 LEFT JOIN unnest(%(sizes)s::bigint[], %(starts)s::bigint[]) AS p(window_ms, start_ms)
     ON s.x = %(x)s AND s.v = %(version)s
-LEFT JOIN batch_cells c
-    ON c.generation = %(generation)s AND c.metric = %(metric)s AND c.version = %(version)s
-   AND c.window_ms = p.window_ms AND c.start_ms = p.start_ms{filters}
+LEFT JOIN LATERAL (
+    SELECT * FROM batch_cells c
+    WHERE c.generation = %(generation)s AND c.metric = %(metric)s AND c.version = %(version)s
+      AND c.window_ms = p.window_ms AND c.start_ms = p.start_ms{filters}
+    OFFSET 0
+) c ON true
 LIMIT %(limit)s
 """
-"""Every key's cells at the given (window, start)s that pass the filters, at most `limit`."""
+"""Every key's cells at the given (window, start)s that pass the filters, at most `limit`
+(each (window, start) a range of the primary key, as in `SERIES_SQL`)."""
 
 SLICE_SQL = sql.SQL(
     _SERVED_CTE

@@ -1,0 +1,79 @@
+"""How the serving layer's reads of one key's batch cells run in PostgreSQL: each cell asked
+for is found by its primary key, whatever the planner estimates for the key. A rollup's only
+key (`{}`, the total) is rare among the metric's cells, so the planner estimated it at one
+row and scanned all of the rollup's cells once per cell asked for: a day's total took 11 ms
+of PostgreSQL instead of 0.1 ms, and a burst of such requests queued up (bench/serve.py's
+`total_rollup`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from serving_layer.batch_view import SERIES_SQL
+from shared.db.connect import connect
+from tests.conftest import Platform, reconfigured
+from tests.serving.views import Event, batch_rows, publish
+
+pytestmark = [pytest.mark.services, pytest.mark.timeout(120)]
+
+MINUTE = 60_000
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+W = T0 + 2 * 60 * MINUTE
+KEYS = [(f"c{c}", f"p{p}") for c in range(40) for p in range(25)]
+
+
+def _scans(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan."""
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from _scans(child)
+
+
+def test_a_rollup_total_reads_each_cell_by_its_primary_key(platform: Platform) -> None:
+    grid = {
+        "name": "grid",
+        "source": "pageviews",
+        "key": ["country", "page"],
+        "aggregations": ["count"],
+        "rollups": [[]],
+        "windows": ["1m", "1h"],
+        "grace": "2m",
+    }
+    settings = reconfigured(platform, metrics=[grid]).settings
+    events = [Event(t, key, 1.0, "u") for t in range(T0, W, MINUTE) for key in KEYS]
+    total = settings.plans["grid[]"]
+    rows = [r for plan in settings.plans.values() for r in batch_rows(settings, plan, events, W)]
+    publish(settings, rows, {name: W for name in settings.plans})
+    asked = [W - 30 * MINUTE + i * MINUTE for i in range(30)]
+    with connect(settings.postgres.url, autocommit=True) as conn:
+        conn.execute("ANALYZE batch_cells")
+        ((generation, stamp),) = conn.execute(
+            "SELECT generation, xmin::text FROM served_view"
+        ).fetchall()
+        params = {
+            "metric": total.name,
+            "version": total.version,
+            "x": stamp,
+            "generation": generation,
+            "key": [],
+            "sizes": [MINUTE] * len(asked),
+            "starts": asked,
+            "needs": [False] * len(asked),
+        }
+        cells = conn.execute(SERIES_SQL, params).fetchall()
+        ((explained,),) = conn.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + SERIES_SQL, params
+        ).fetchall()
+    assert [(row[4], row[5]) for row in cells] == [(start, len(KEYS)) for start in asked]
+    scans = [
+        n
+        for n in _scans(explained[0]["Plan"])
+        if n.get("Relation Name", "").startswith("batch_cells")
+    ]
+    assert scans, explained
+    for scan in scans:
+        assert "Index Cond" in scan and "p.start_ms" in scan["Index Cond"], scan
+        assert scan["Actual Rows"] <= 1 and scan["Actual Loops"] == len(asked), scan
