@@ -37,6 +37,9 @@ window straddling W and the ones after it merged from both stores):
 - `total_merged_warm_p99_ms`: `grid_plain`'s total at a constant rate, once warm (target
   p99 <= 100 ms; 5 req/s by default, half a core at the target's cost: at a rate past what
   one worker serves, the p99 measures the backlog, not a request);
+- `total_merged_burst8_max_ms`: after a publication (the served row rewritten: every cached
+  batch point stale), 8 identical `grid_plain` totals sent at once, as dashboards polling
+  one query send them; the slowest one's latency;
 - `group_by`: `grid` with `group_by=page` (100 groups; no rollup keeps `page`, so every full
   key is read), its first request and then a constant rate (target p99 <= 250 ms; 2 req/s
   by default, for the same reason);
@@ -412,6 +415,8 @@ async def closed_loop(
 
 
 SERIES_ROUTE = "/v1/metrics/{metric_name}/series"
+BURST = 8
+"""Identical cold requests sent at once after a publication (`total_merged_burst`)."""
 
 
 def series_histogram(port: int) -> dict[float, float]:
@@ -585,7 +590,9 @@ async def measure(
         f"s60_achieved_rps={s60_rps:.1f} s60_p99_ms={s60_p99:.1f} max_rps={max_rps:.0f} "
         f"top_p99_ms={top_p99:.1f} raw_ms={raw:.2f} ratio={request_ms / raw:.2f}"
     )
-    return head, await measure_grid(args, port, newest, server_pid, series(HOUR))
+    return head, await measure_grid(
+        args, port, newest, server_pid, series(HOUR), settings.postgres.url
+    )
 
 
 def day_of_hours(newest: int) -> dict[str, str]:
@@ -672,8 +679,20 @@ def profile_top(path: Path, n: int = 8) -> str:
     )
 
 
+def republish(postgres_url: str) -> None:
+    """A publication that changes no cell: the served row rewritten (a new stamp), as every
+    run's publication rewrites it, so every cached batch point is stale."""
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("UPDATE served_view SET generation = generation WHERE id = 1")
+
+
 async def measure_grid(
-    args: argparse.Namespace, port: int, newest: int, server_pid: int, s60: Callable[[], str]
+    args: argparse.Namespace,
+    port: int,
+    newest: int,
+    server_pid: int,
+    s60: Callable[[], str],
+    postgres_url: str,
 ) -> str:
     """The grid scenarios and s60_1000 (see the module's doc); returns their BENCH fields."""
     scale = 0.5 if args.quick else 1.0
@@ -740,6 +759,16 @@ async def measure_grid(
         f"{merged_rps:.1f} achieved, p99 {merged_p99:.1f} ms, errors {e2}",
         flush=True,
     )
+    republish(postgres_url)
+    with profiled(profile, server_pid, args.workers, "total_merged_burst"):
+        _, burst_p50, burst_max = await closed_loop(
+            lambda: RawHttp("127.0.0.1", port), fixed(merged_path), BURST, requests=BURST
+        )
+    print(
+        f"total_merged_burst (grid_plain): {BURST} identical requests at once after a "
+        f"publication: p50 {burst_p50:.0f} ms, slowest {burst_max:.0f} ms",
+        flush=True,
+    )
     client = await fresh()
     with profiled(profile, server_pid, args.workers, "group_by_first"):
         started = clock()
@@ -776,6 +805,7 @@ async def measure_grid(
         f"total_rollup_p99_ms={rolled_p99:.1f} total_rollup_server_p99_ms={rolled_inside:g} "
         f"total_merged_first_ms={merged_first_ms:.0f} "
         f"total_merged_rate={args.merged_rate:g} total_merged_warm_p99_ms={merged_p99:.1f} "
+        f"total_merged_burst{BURST}_max_ms={burst_max:.0f} "
         f"group_by_rate={args.group_by_rate:g} group_by_first_ms={grouped_first_ms:.0f} "
         f"group_by_p99_ms={grouped_p99:.1f} s60_1000_rate={args.s60_1000_rate:g} "
         f"s60_1000_achieved_rps={high_rps:.1f} s60_1000_achieved_pct={high_pct:.1f} "

@@ -4,6 +4,7 @@ were rendered from. Neither can serve a stale answer."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
@@ -102,3 +103,34 @@ class SpeedPointCache:
             _, (_, evicted) = self._entries.popitem(last=False)
             self._bytes -= evicted
         return point
+
+
+class ReadsInFlight:
+    """Reads of batch-only windows in progress, by answer. After a publication every cached
+    batch point is stale, and the dashboards polling one query all miss at once: each would
+    read and merge the same cells (a total over 10k keys: ~1.3 s of CPU apiece). The first
+    such read leads; identical requests arriving meanwhile wait for it and then answer from
+    the points it cached (a request that finds them missing still reads them itself)."""
+
+    def __init__(self) -> None:
+        self._reads: dict[Hashable, asyncio.Future[None]] = {}
+
+    async def wait(self, name: Hashable) -> None:
+        """Until no read of `name` is in progress (at once when none is)."""
+        read = self._reads.get(name)
+        if read is not None:
+            await asyncio.shield(read)  # a waiter cancelled must not cancel the others' wait
+
+    def lead(self, name: Hashable) -> bool:
+        """Start a read of `name` unless one is in progress; True when this caller leads and
+        must call `done(name)`."""
+        if name in self._reads:
+            return False
+        self._reads[name] = asyncio.get_running_loop().create_future()
+        return True
+
+    def done(self, name: Hashable) -> None:
+        """The read of `name` ended (cached or failed): its waiters go on."""
+        read = self._reads.pop(name, None)
+        if read is not None and not read.done():
+            read.set_result(None)

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from serving_layer.batch_view import SERIES_SQL, SLICE_SQL, TOP_SQL, BatchViewReader
-from serving_layer.caches import SpeedPointCache, StampedCache
+from serving_layer.caches import ReadsInFlight, SpeedPointCache, StampedCache
 from serving_layer.errors import TooManyCells
 from serving_layer.pools import AsyncDb
 from serving_layer.selection import Selection
@@ -81,6 +81,8 @@ class MergedView:
         self.tops = StampedCache(settings.serving.cache_points)
         """Ranked keys of batch-only `top` windows per (metric, window, start, by)."""
         self.speed_points = SpeedPointCache(settings.serving.speed_cache_bytes)
+        self.reads = ReadsInFlight()
+        """Sliced reads of batch-only windows in progress, so identical cold requests wait."""
 
     async def series(
         self,
@@ -219,16 +221,29 @@ class MergedView:
                     start, end - start, base, watermark, metric.windows_ms
                 )
 
+        leading = deferred = False
+
         def params_for(stamp: str | None, watermark: int | None) -> dict[str, Any]:
+            nonlocal leading, deferred
             plan_all(watermark)
             cached[0] = self.points.get(cache_name, stamp) or {}
-            refs = sorted(
-                {
-                    r
-                    for window, plan in plans.items()
-                    if window not in cached[0]
-                    for r in plan.batch_cells
-                }
+            if not leading and any(
+                watermark is not None and end <= watermark and (start, end) not in cached[0]
+                for start, end in windows
+            ):
+                leading = self.reads.lead(cache_name)
+                deferred = not leading  # another request reads them: only the served row
+            refs = (
+                ()
+                if deferred
+                else sorted(
+                    {
+                        r
+                        for window, plan in plans.items()
+                        if window not in cached[0]
+                        for r in plan.batch_cells
+                    }
+                )
             )
             return {
                 **filters,
@@ -238,45 +253,56 @@ class MergedView:
             }
 
         query = SLICE_SQL.format(filters=condition)
-        served, stamp, rows = await self.batch.guarded(db, metric, query, params_for)
-        _check_cells(len(rows), limit)
-        watermark = served.watermark
-        if watermark is None:
-            plan_all(None)
-            cached[0] = {}
-        rows_at: dict[CellRef, list[tuple[Any, ...]]] = {}
-        for row in rows:
-            if row[3] is not None:
-                rows_at.setdefault(CellRef(row[3], row[4]), []).append(row)
-        speed_starts = sorted({s for plan in plans.values() for s in plan.speed_cells})
-        status, raw = await self.speed.read_all_by_start(metric, speed_starts)
-        speed_states = sum(len(blobs) for cell in raw.values() for blobs in cell.values())
-        _check_cells(len(rows) + speed_states, limit)
-        cells = _SlicedCells(rows_at, raw, selection, bool(metric.kinds))
-        result = SlicedResult(watermark, status, len(rows), speed_states)
-        known = cached[0]
-        fresh: dict[tuple[int, int], dict[tuple[str, ...], orjson.Fragment]] = {}
-        for window, plan in plans.items():
-            batch_only = watermark is not None and window[1] <= watermark
-            points = known.get(window)
-            content = None
-            if points is None and not batch_only:
-                speed_cells = [raw.get(c, {}) for c in plan.speed_cells]
-                content = _content_stamp(stamp, _keyed_states(speed_cells))
-                if content is not None:
-                    points = self.points.get((*cache_name, window), content)
-            if points is None:
-                points = _sliced_window(metric, window, plan, cells, watermark, options)
-                if batch_only:
-                    fresh[window] = points
-                elif content is not None:
-                    self.points.put((*cache_name, window), content, points, len(points) + 1)
-            for group, point in points.items():
-                result.groups.setdefault(group, []).append(point)
-        if fresh and stamp is not None:
-            entry = {**known, **fresh}
-            self.points.put(cache_name, stamp, entry, sum(map(len, entry.values())) + len(entry))
-        return result
+        try:
+            while True:
+                await self.reads.wait(cache_name)
+                deferred = False
+                served, stamp, rows = await self.batch.guarded(db, metric, query, params_for)
+                if not deferred:
+                    break
+            _check_cells(len(rows), limit)
+            watermark = served.watermark
+            if watermark is None:
+                plan_all(None)
+                cached[0] = {}
+            rows_at: dict[CellRef, list[tuple[Any, ...]]] = {}
+            for row in rows:
+                if row[3] is not None:
+                    rows_at.setdefault(CellRef(row[3], row[4]), []).append(row)
+            speed_starts = sorted({s for plan in plans.values() for s in plan.speed_cells})
+            status, raw = await self.speed.read_all_by_start(metric, speed_starts)
+            speed_states = sum(len(blobs) for cell in raw.values() for blobs in cell.values())
+            _check_cells(len(rows) + speed_states, limit)
+            cells = _SlicedCells(rows_at, raw, selection, bool(metric.kinds))
+            result = SlicedResult(watermark, status, len(rows), speed_states)
+            known = cached[0]
+            fresh: dict[tuple[int, int], dict[tuple[str, ...], orjson.Fragment]] = {}
+            for window, plan in plans.items():
+                batch_only = watermark is not None and window[1] <= watermark
+                points = known.get(window)
+                content = None
+                if points is None and not batch_only:
+                    speed_cells = [raw.get(c, {}) for c in plan.speed_cells]
+                    content = _content_stamp(stamp, _keyed_states(speed_cells))
+                    if content is not None:
+                        points = self.points.get((*cache_name, window), content)
+                if points is None:
+                    points = _sliced_window(metric, window, plan, cells, watermark, options)
+                    if batch_only:
+                        fresh[window] = points
+                    elif content is not None:
+                        self.points.put((*cache_name, window), content, points, len(points) + 1)
+                for group, point in points.items():
+                    result.groups.setdefault(group, []).append(point)
+            if fresh and stamp is not None:
+                entry = {**known, **fresh}
+                self.points.put(
+                    cache_name, stamp, entry, sum(map(len, entry.values())) + len(entry)
+                )
+            return result
+        finally:
+            if leading:
+                self.reads.done(cache_name)
 
     async def top(
         self,

@@ -6,10 +6,14 @@ expected answer of any slice is the aggregate over the events it covers."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,8 +23,9 @@ from serving_layer.timefmt import format_time, parse_time
 from shared.config import Settings
 from shared.metric_plan import MetricPlan
 from shared.windows import point_source, window_starts
-from tests.conftest import Platform
+from tests.conftest import Platform, reconfigured
 from tests.oracle import compare
+from tests.serving.api_process import running_api
 from tests.serving.views import Event, batch_rows, expected, publish, write_speed
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
@@ -37,7 +42,12 @@ TOP = "/v1/metrics/by_country_page/top"
 def _settings(
     platform: Platform, max_cells: int = 50_000, windows: tuple[str, ...] = ("1m", "1h", "1d")
 ) -> Settings:
-    config = dict(platform.config)
+    return reconfigured(platform, **_sections(max_cells, windows)).settings
+
+
+def _sections(max_cells: int, windows: tuple[str, ...]) -> dict[str, Any]:
+    """The config sections of these tests: one metric keyed by country and page."""
+    config: dict[str, Any] = {}
     config["metrics"] = [
         {
             "name": "by_country_page",
@@ -54,7 +64,7 @@ def _settings(
         }
     ]
     config["serving"] = {"max_cells": max_cells}
-    return Settings(**config)
+    return config
 
 
 def _events(seed: int = 3) -> list[Event]:
@@ -361,22 +371,12 @@ def test_sliced_batch_windows_are_cached_for_one_publication_only(
         got, sources = _got([((g["key"]["country"],), g["points"]) for g in body["groups"]])
         return {c: v for c, v in got.items() if sources[c] == "batch"}, sources
 
-    def batch_rows_read(client: TestClient) -> float:
-        for family in text_string_to_metric_families(client.get("/metrics").text):
-            for sample in family.samples:
-                if sample.name == "lambda_serving_merge_cells_sum" and sample.labels == {
-                    "endpoint": "series",
-                    "layer": "batch",
-                }:
-                    return sample.value
-        return 0.0
-
     first = client.get(SERIES, params=params).json()
-    read = batch_rows_read(client)
+    read = _batch_rows_read(client.get("/metrics").text)
     assert read > 0
     assert client.get(SERIES, params=params).json() == first
     # Only the window straddling W is read again: its batch cells (a few keys' minutes).
-    assert batch_rows_read(client) - read < read / 10
+    assert _batch_rows_read(client.get("/metrics").text) - read < read / 10
     more = events + _events(seed=4)
     publish(settings, batch_rows(settings, metric, more, W), {metric.name: W})
     after = client.get(SERIES, params=params).json()
@@ -385,3 +385,49 @@ def test_sliced_batch_windows_are_cached_for_one_publication_only(
     want, _ = _brute_series(metric, more, HOUR, span, lambda e: True, lambda e: (e.key[0],))
     assert compare({c: v for c, v in want.items() if c[1] + HOUR <= W}, got) == []
     assert got != batch_only(first)[0]
+
+
+def _batch_rows_read(exposition: str) -> float:
+    """The batch rows the API's series answers read so far, from its Prometheus metrics."""
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.name == "lambda_serving_merge_cells_sum" and sample.labels == {
+                "endpoint": "series",
+                "layer": "batch",
+            }:
+                return sample.value
+    return 0.0
+
+
+def test_identical_cold_slices_read_the_batch_view_once(platform: Platform, tmp_path: Path) -> None:
+    """After a publication every cached batch point is stale; the dashboards polling one
+    query then miss together. The first request reads and merges the cells, the identical
+    ones arriving meanwhile wait for it and answer from its points."""
+    served = reconfigured(platform, **_sections(50_000, ("1m", "1h", "1d")))
+    metric = served.settings.plan("by_country_page")
+    assert metric is not None
+    events = _events()
+    rows = batch_rows(served.settings, metric, events, W)
+    publish(served.settings, rows, {metric.name: W})
+    url = (
+        SERIES
+        + "?"
+        + urlencode({"window": "1m", "start": format_time(T0 - DAY), "end": format_time(T0)})
+    )
+
+    async def requests(base: str, n: int) -> tuple[list[bytes], float]:
+        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+            before = _batch_rows_read((await http.get("/metrics")).text)
+            answers = await asyncio.gather(*(http.get(url) for _ in range(n)))
+            after = _batch_rows_read((await http.get("/metrics")).text)
+        assert all(a.status_code == 200 for a in answers), answers[0].text
+        return [a.content for a in answers], after - before
+
+    with running_api(served.env, tmp_path / "api.log") as (base, _):
+        (alone,), read_alone = asyncio.run(requests(base, 1))
+        publish(served.settings, rows, {metric.name: W})  # the same cells, a new served row
+        answers, read_together = asyncio.run(requests(base, 8))
+    assert read_alone > 1000
+    assert answers == [alone] * 8
+    # Without waiting, each of the 8 would read them all (8 x read_alone).
+    assert read_together < 2 * read_alone, (read_alone, read_together)
