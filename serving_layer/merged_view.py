@@ -6,7 +6,7 @@ each window composed from them and rendered by the aggregation registry, with th
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -39,6 +39,10 @@ def render_merge(
     """The outputs of the merge of `parts` (a single stored cell renders from its summaries
     where its aggregations allow)."""
     return metric.aggregations.render(merge_states(metric.kinds, parts), options)
+
+
+SlicedPoints = dict[tuple[int, int], dict[tuple[str, ...], orjson.Fragment]]
+"""Each window's (`[start, end)`) rendered point per group."""
 
 
 @dataclass
@@ -210,9 +214,9 @@ class MergedView:
         base = metric.base_window_ms
         limit = self.settings.serving.max_cells
         condition, filters = selection.sql_condition("c.key")
-        cache_name = ("sliced", metric.name, selection, options)
+        cache_name = _sliced_cache_name(metric, selection, options)
         plans: dict[tuple[int, int], WindowPlan] = {}
-        cached: list[dict[tuple[int, int], dict[tuple[str, ...], orjson.Fragment]]] = [{}]
+        cached: list[SlicedPoints] = [{}]
 
         def plan_all(watermark: int | None) -> None:
             plans.clear()
@@ -265,44 +269,60 @@ class MergedView:
             if watermark is None:
                 plan_all(None)
                 cached[0] = {}
-            rows_at: dict[CellRef, list[tuple[Any, ...]]] = {}
-            for row in rows:
-                if row[3] is not None:
-                    rows_at.setdefault(CellRef(row[3], row[4]), []).append(row)
-            speed_starts = sorted({s for plan in plans.values() for s in plan.speed_cells})
-            status, raw = await self.speed.read_all_by_start(metric, speed_starts)
-            speed_states = sum(len(blobs) for cell in raw.values() for blobs in cell.values())
-            _check_cells(len(rows) + speed_states, limit)
-            cells = _SlicedCells(rows_at, raw, selection, bool(metric.kinds))
-            result = SlicedResult(watermark, status, len(rows), speed_states)
-            known = cached[0]
-            fresh: dict[tuple[int, int], dict[tuple[str, ...], orjson.Fragment]] = {}
-            for window, plan in plans.items():
-                batch_only = watermark is not None and window[1] <= watermark
-                points = known.get(window)
-                content = None
-                if points is None and not batch_only:
-                    speed_cells = [raw.get(c, {}) for c in plan.speed_cells]
-                    content = _content_stamp(stamp, _keyed_states(speed_cells))
-                    if content is not None:
-                        points = self.points.get((*cache_name, window), content)
-                if points is None:
-                    points = _sliced_window(metric, window, plan, cells, watermark, options)
-                    if batch_only:
-                        fresh[window] = points
-                    elif content is not None:
-                        self.points.put((*cache_name, window), content, points, len(points) + 1)
-                for group, point in points.items():
-                    result.groups.setdefault(group, []).append(point)
-            if fresh and stamp is not None:
-                entry = {**known, **fresh}
-                self.points.put(
-                    cache_name, stamp, entry, sum(map(len, entry.values())) + len(entry)
-                )
-            return result
+            return await self._merge_sliced(
+                metric, selection, options, plans, cached[0], stamp, watermark, rows
+            )
         finally:
             if leading:
                 self.reads.done(cache_name)
+
+    async def _merge_sliced(
+        self,
+        metric: MetricPlan,
+        selection: Selection,
+        options: RenderOptions,
+        plans: dict[tuple[int, int], WindowPlan],
+        known: SlicedPoints,
+        stamp: str | None,
+        watermark: int | None,
+        rows: list[tuple[Any, ...]],
+    ) -> SlicedResult:
+        """`sliced_series`'s points from the batch `rows` it read, the speed cells after W and
+        the windows already `known` (cached under `stamp`); caches the windows it merged."""
+        limit = self.settings.serving.max_cells
+        cache_name = _sliced_cache_name(metric, selection, options)
+        rows_at: dict[CellRef, list[tuple[Any, ...]]] = {}
+        for row in rows:
+            if row[3] is not None:
+                rows_at.setdefault(CellRef(row[3], row[4]), []).append(row)
+        speed_starts = sorted({s for plan in plans.values() for s in plan.speed_cells})
+        status, raw = await self.speed.read_all_by_start(metric, speed_starts)
+        speed_states = sum(len(blobs) for cell in raw.values() for blobs in cell.values())
+        _check_cells(len(rows) + speed_states, limit)
+        cells = _SlicedCells(rows_at, raw, selection, bool(metric.kinds))
+        result = SlicedResult(watermark, status, len(rows), speed_states)
+        fresh: SlicedPoints = {}
+        for window, plan in plans.items():
+            batch_only = watermark is not None and window[1] <= watermark
+            points = known.get(window)
+            content = None
+            if points is None and not batch_only:
+                speed_cells = [raw.get(c, {}) for c in plan.speed_cells]
+                content = _content_stamp(stamp, _keyed_states(speed_cells))
+                if content is not None:
+                    points = self.points.get((*cache_name, window), content)
+            if points is None:
+                points = _sliced_window(metric, window, plan, cells, watermark, options)
+                if batch_only:
+                    fresh[window] = points
+                elif content is not None:
+                    self.points.put((*cache_name, window), content, points, len(points) + 1)
+            for group, point in points.items():
+                result.groups.setdefault(group, []).append(point)
+        if fresh and stamp is not None:
+            entry = {**known, **fresh}
+            self.points.put(cache_name, stamp, entry, sum(map(len, entry.values())) + len(entry))
+        return result
 
     async def top(
         self,
@@ -462,6 +482,13 @@ def _window_json(
     """The JSON of one window merged from `parts` (empty: no events)."""
     rendered = _render(render_merge(metric, parts, options), start, window_ms, source)
     return b"" if rendered is None else orjson.dumps(rendered)
+
+
+def _sliced_cache_name(
+    metric: MetricPlan, selection: Selection, options: RenderOptions
+) -> tuple[Hashable, ...]:
+    """Under which name a sliced answer's windows are cached."""
+    return ("sliced", metric.name, selection, options)
 
 
 def _content_stamp(stamp: str | None, chunks: Iterable[bytes]) -> str | None:
