@@ -5,15 +5,16 @@ data, not history).
     .venv/bin/python bench/batch.py --quick     # 1x = 100k, 10x = 1M events (~5 min)
     .venv/bin/python bench/batch.py             # 1x = 1M, 10x = 10M events
     .venv/bin/python bench/batch.py --events 10000000   # the same, by the full run's size
+    .venv/bin/python bench/batch.py --malformed 0.005   # one record in 200 malformed (the soak's)
 
 History is spread over 24 h of event time; the new hour holds 1/24 of the 1x history. Each run
 executes in one Spark session started up front, so session start-up is not in any figure.
 Ends with one line:
-`BENCH batch events=<n> events_per_s=<n> wall_s=<s> peak_rss_mb=<n> incr_1x_s=<s>
-incr_10x_s=<s> incr_ratio=<r>` where events/wall/throughput are the full run over the 10x
-history and peak RSS covers this process and its children (Spark's JVM, Python workers);
-`broker_cpu_s` and `broker_rss_mb` are the local Kafka broker's CPU seconds and peak RSS during
-that run.
+`BENCH batch events=<n> malformed=<fraction> events_per_s=<n> wall_s=<s> peak_rss_mb=<n>
+incr_1x_s=<s> incr_10x_s=<s> incr_ratio=<r>` where events/wall/throughput are the full run
+over the 10x history and peak RSS covers this process and its children (Spark's JVM, Python
+workers); `broker_cpu_s` and `broker_rss_mb` are the local Kafka broker's CPU seconds and
+peak RSS during that run.
 """
 
 from __future__ import annotations
@@ -104,9 +105,13 @@ def drop_world(base: Settings, world: World) -> None:
         future.result()
 
 
-def fill(world: World, start_ms: int, end_ms: int, events: int, seed: int) -> float:
+def fill(
+    world: World, start_ms: int, end_ms: int, events: int, seed: int, malformed: float
+) -> float:
     began = time.monotonic()
-    spec = GeneratorSpec(start_ms, end_ms, events, duplicate_fraction=0.01, seed=seed)
+    spec = GeneratorSpec(
+        start_ms, end_ms, events, duplicate_fraction=0.01, malformed_fraction=malformed, seed=seed
+    )
     produce(world.settings.kafka.bootstrap_servers, world.settings.sources[0].topic, generate(spec))
     return time.monotonic() - began
 
@@ -153,6 +158,12 @@ def main() -> None:
         action="store_true",
         help="the demo metrics without quantiles(latency_ms) (as measured before it existed)",
     )
+    parser.add_argument(
+        "--malformed",
+        type=float,
+        default=0.0,
+        help="fraction of malformed records (0; the soak and the demo produce 0.005)",
+    )
     args = parser.parse_args()
     one_x = args.history or (args.events // 10 if args.events else 0)
     one_x = one_x or (100_000 if args.quick else 1_000_000)
@@ -171,7 +182,7 @@ def main() -> None:
         results: dict[str, float] = {}
         for world, factor in zip(worlds, (1, 10), strict=True):
             events = one_x * factor
-            took = fill(world, now - 25 * HOUR, now - HOUR, events, seed=factor)
+            took = fill(world, now - 25 * HOUR, now - HOUR, events, factor, args.malformed)
             print(f"{factor}x: produced {events} events in {took:.1f} s", flush=True)
             wall, summary, broker = timed_run(world, spark, "full")
             print(
@@ -183,7 +194,7 @@ def main() -> None:
             results[f"full_{factor}x_s"] = wall
             results[f"full_{factor}x_events"] = summary.rows_in
             full_ended = time.monotonic()
-            fill(world, now - HOUR, now, one_x // 24, seed=100 + factor)
+            fill(world, now - HOUR, now, one_x // 24, 100 + factor, args.malformed)
             waited = wait_for_autovacuum(base, world.dbname)
             # Spark ends Python workers idle for a minute: an hourly run always starts them,
             # and so does each measured incremental run (else only the one that waited
@@ -205,7 +216,8 @@ def main() -> None:
         events = int(results["full_10x_events"])
         wall = results["full_10x_s"]
         print(
-            f"BENCH batch events={events} events_per_s={events / wall:.0f} wall_s={wall:.1f} "
+            f"BENCH batch events={events} malformed={args.malformed:g} "
+            f"events_per_s={events / wall:.0f} wall_s={wall:.1f} "
             f"peak_rss_mb={rss.peak / 2**20:.0f} incr_1x_s={results['incr_1x_s']:.2f} "
             f"incr_10x_s={results['incr_10x_s']:.2f} "
             f"incr_ratio={results['incr_10x_s'] / results['incr_1x_s']:.2f} "

@@ -104,6 +104,19 @@ def test_salted_blocks_agree_with_the_shared_parser(seed: int) -> None:
     assert fast.to_pylist() == slow.to_pylist()
 
 
+def test_scattered_malformed_records_alone_take_the_slow_path() -> None:
+    """The soak's mix: one record in 200 malformed, so every block holds some. Only they go
+    through the shared parser (splitting refused blocks in halves sent ~70% there)."""
+    spec = GeneratorSpec(NOW - 3_600_000, NOW, 20000, malformed_fraction=0.005, seed=4)
+    block: list[bytes | None] = [r.value for r in generate(spec)]
+    fast, decoder = _decode(block, fast=True)
+    slow, _ = _decode(block, fast=False)
+    malformed = len(block) - slow.column("malformed").null_count
+    assert malformed > 50
+    assert decoder.slow_records == malformed
+    assert fast.to_pylist() == slow.to_pylist()
+
+
 @pytest.mark.parametrize("case", EDGE_CASES)
 def test_each_edge_case_alone(case: bytes | None) -> None:
     block = [*_clean(3, 9), case]
