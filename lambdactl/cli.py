@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from enum import StrEnum
 from typing import Annotated
@@ -119,13 +120,17 @@ def batch_runner(
     once: Annotated[bool, typer.Option(help="execute the runs due now, then exit")] = False,
     no_schedule: Annotated[bool, typer.Option(help="do not queue the scheduled runs")] = False,
 ) -> None:
-    """Execute queued runs one at a time, and queue incremental runs on `batch.schedule`."""
+    """Execute queued runs one at a time, and queue incremental runs on `batch.schedule`, at
+    the CPU niceness `batch.nice`."""
     import logging
 
     from batch_layer import run_runner
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    run_runner(_settings(), once=once, schedule=not no_schedule)
+    settings = _settings()
+    if os.getpriority(os.PRIO_PROCESS, 0) < settings.batch.nice:
+        os.setpriority(os.PRIO_PROCESS, 0, settings.batch.nice)
+    run_runner(settings, once=once, schedule=not no_schedule)
 
 
 @batch_app.command("run")

@@ -282,6 +282,14 @@ class BatchConfig(_Strict):
     executes the queued runs again."""
     outage_backoff_max_s: float = Field(default=10.0, gt=0)
     """The longest wait between two reconnection attempts of the runner."""
+    nice: int = Field(default=10, ge=0, le=19)
+    """The CPU niceness `lambdactl batch runner` takes at start; its Spark driver JVM and
+    Spark's Python workers inherit it (executors of a `spark://` cluster do not), and a run
+    gives it to the PostgreSQL backend of its connection when the server runs on the same
+    host (`batch_layer.job.nice_local_backend`). A run is a
+    background recompute: where it shares cores with the speed and serving layers it should
+    take the CPU they leave, not their share. 0 keeps the priority the runner was started
+    with; a runner started nicer stays so."""
 
     @field_validator("schedule")
     @classmethod

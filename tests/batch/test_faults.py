@@ -3,6 +3,7 @@ the next runner marks the run failed and its retry succeeds (rules 6 and 7)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import time
 from typing import Any
 
+import psutil
 import pytest
 
 from batch_layer import execute_run, run_runner
@@ -46,6 +48,20 @@ def _runner(platform: Platform, **env: str) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def _niceness(runner: int) -> dict[str, set[int]]:
+    """The niceness of the runner and of the processes it started, by process name, once its
+    Spark driver JVM runs."""
+    deadline = time.monotonic() + 60
+    while True:
+        seen: dict[str, set[int]] = {}
+        for process in [psutil.Process(runner), *psutil.Process(runner).children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                seen.setdefault(process.name(), set()).add(process.nice())
+        if "java" in seen or time.monotonic() > deadline:
+            return seen
+        time.sleep(0.1)
 
 
 def _recover(settings: Settings, spark: Any, run_id: int) -> None:
@@ -92,6 +108,9 @@ def test_crashes_change_nothing_and_retries_succeed(platform: Platform, spark: A
                     break
                 assert time.monotonic() < deadline, "the run never started"
                 time.sleep(0.1)
+            niceness = _niceness(job.pid)
+            assert niceness.get("java") == {BatchConfig().nice}, niceness
+            assert set.union(*niceness.values()) == {BatchConfig().nice}, niceness
             os.kill(job.pid, signal.SIGKILL)
             job.wait(30)
         assert _state(settings) == before, f"{fault or 'kill -9'} changed what is served"

@@ -6,9 +6,11 @@ import itertools
 import time
 from typing import Any
 
+import psutil
 import pytest
 
 from batch_layer import run_runner, runner_active
+from batch_layer.job import nice_local_backend
 from lambdactl.generator import GeneratorSpec
 from shared.config import BatchConfig
 from shared.db.connect import connect
@@ -18,6 +20,18 @@ from tests.batch.helpers import HOUR, MINUTE, oracle_mismatches, produce_spec, q
 from tests.conftest import Platform
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
+
+
+def test_the_local_postgres_backend_of_a_run_takes_the_runners_niceness(
+    platform: Platform,
+) -> None:
+    """`ps -o ni` of the backend serving a run's connection shows `batch.nice`: publication's
+    `COPY` and index work yields to the speed and serving layers as the run itself does."""
+    with connect(platform.settings.postgres.url) as conn:
+        backend = psutil.Process(conn.info.backend_pid)
+        assert backend.nice() == 0
+        nice_local_backend(conn, platform.settings.batch.nice)
+        assert backend.nice() == BatchConfig().nice == 10
 
 
 def test_queued_runs_execute_one_at_a_time(platform: Platform, spark: Any) -> None:
