@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from shared.config import SourceConfig
+from shared.events import MAX_KEY_BYTES, MAX_TEXT_BYTES
 from shared.metric_plan import MetricPlan
 
 _RECORD_FIELDS = [
@@ -109,6 +110,8 @@ _SPARK_TYPES = {
 
 _MIN_SPLIT = 256
 _BIG = float(2**53)
+_SURELY_SHORT = MAX_TEXT_BYTES // 4 // 2
+"""Texts of at most this many characters fit any key: screened without encoding them."""
 
 
 class _Refused(Exception):
@@ -139,6 +142,7 @@ class Decoder:
             if fields.setdefault(name, kind) != kind:
                 self.fast = False  # a field read both as text and as a number (or time)
         self._fields = fields
+        self._multi_keys = [m.key for m in self.metrics if len(m.key) > 1]
         self.schema = pa.schema(list(fields.items()))
         self.arrow_schema = self.layout.arrow_schema()
         self.parse_options = pj.ParseOptions(
@@ -254,6 +258,10 @@ class Decoder:
                 or time_ms > created + max_future
                 or any(type(event.get(name)) is not str for name in texts)
                 or any(not _fast_number(event.get(name)) for name in numbers)
+                or (
+                    any(len(event[name]) > _SURELY_SHORT for name in texts)
+                    and self._too_long(pa.Table.from_pylist([event], schema=self.schema))
+                )
             ):
                 suspects.append(i)
         return suspects
@@ -303,7 +311,27 @@ class Decoder:
                 or pc.max(pc.abs(column)).as_py() >= _BIG
             ):
                 raise _Refused
+        if self._too_long(table):
+            raise _Refused
         return self._fast_rows(partition, offsets, table)
+
+    def _too_long(self, table: pa.Table) -> bool:
+        """Whether an id or key text may exceed what the batch view stores (`MAX_TEXT_BYTES`
+        each, `MAX_KEY_BYTES` a key): the shared parser decides those records' reasons."""
+        lengths = {
+            name: pc.binary_length(table.column(name))
+            for name, kind in self._fields.items()
+            if kind == pa.string()
+        }
+        if any(pc.max(length).as_py() > MAX_TEXT_BYTES for length in lengths.values()):
+            return True
+        for dims in self._multi_keys:
+            total = lengths[dims[0]]
+            for dim in dims[1:]:
+                total = pc.add(total, lengths[dim])
+            if pc.max(total).as_py() > MAX_KEY_BYTES:
+                return True
+        return False
 
     def _fast_rows(self, partition: int, offsets: Sequence[int], table: pa.Table) -> pa.RecordBatch:
         n = table.num_rows

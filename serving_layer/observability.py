@@ -95,7 +95,8 @@ class ServingMetrics:
 
 
 class WatermarkAgeCollector(Collector):
-    """`batch_watermark_age_seconds{metric}` = now - W, read when Prometheus scrapes."""
+    """`batch_watermark_age_seconds{metric}` = now - W and `batch_last_run_failed`, read
+    when Prometheus scrapes."""
 
     def __init__(self, settings: Settings, pool: ConnectionPool) -> None:
         self._settings = settings
@@ -107,9 +108,19 @@ class WatermarkAgeCollector(Collector):
             "Seconds between now and the served batch watermark W, per metric",
             labels=["metric"],
         )
+        failed = GaugeMetricFamily(
+            "batch_last_run_failed",
+            "1 when the newest finished batch run failed (its error is in /v1/status), else 0",
+        )
         try:
             with self._pool.connection(timeout=2.0) as conn:
                 served = read_served(conn)
+                last = conn.execute(
+                    "SELECT status FROM batch_runs WHERE status IN ('succeeded', 'failed') "
+                    "ORDER BY id DESC LIMIT 1"
+                ).fetchone()
+            failed.add_metric([], 1.0 if last is not None and last[0] == "failed" else 0.0)
+            yield failed
         except Exception as exc:  # a scrape must not fail because PostgreSQL is down
             log.warning("watermark age not collected: %s", exc)
             served = None

@@ -176,6 +176,13 @@ class RunList(BaseModel):
     runs: list[Run]
 
 
+class PartitionStallInfo(BaseModel):
+    cause: str = Field(description="what failed: kafka, postgres, or error (anything else)")
+    error: str
+    since: str = Field(description="when the partition's first failing batch failed")
+    worker: str = Field(description="host:pid of the speed worker that owns the partition")
+
+
 class PartitionLag(BaseModel):
     topic: str
     partition: int
@@ -183,6 +190,9 @@ class PartitionLag(BaseModel):
     applied_offset: int | None = Field(description="the speed layer's fence")
     lag: int | None
     stream_time: str | None
+    stalled: PartitionStallInfo | None = Field(
+        default=None, description="set while the partition's batches keep failing"
+    )
 
 
 class MetricWatermark(BaseModel):
@@ -200,6 +210,9 @@ class StatusResponse(BaseModel):
     partitions: list[PartitionLag]
     metrics: list[MetricWatermark]
     runs: list[Run]
+    batch_error: str | None = Field(
+        default=None, description="the error of the newest finished run, when it failed"
+    )
     kafka: str
     postgres: str
 

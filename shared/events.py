@@ -24,6 +24,17 @@ from shared.metric_plan import MetricPlan, SketchInput
 MIN_EVENT_MS = -62_135_596_800_000
 MAX_EVENT_MS = 253_402_300_799_999
 
+MAX_TEXT_BYTES = 1024
+"""The longest id or key dimension value, in UTF-8 bytes. Both are stored in PostgreSQL btree
+indexes (`dedup_ids`' and `batch_cells`' primary keys), whose entries are at most 2,704 bytes."""
+MAX_KEY_BYTES = 2048
+"""The longest key, all its dimension values together (same reason as `MAX_TEXT_BYTES`)."""
+VALUE_LIMIT = 2.0**63
+"""A value (or quantile field) must be smaller than this in magnitude, the range of a 64-bit
+integer: then no sum of a cell's values can overflow a double, in either layer."""
+_SURELY_SHORT = MAX_TEXT_BYTES // 4
+"""A text of at most this many characters fits `MAX_TEXT_BYTES` (UTF-8 spends 4 at most)."""
+
 _RFC3339 = re.compile(
     r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{1,6}))?"
     r"(?:([Zz])|([+-])([0-9]{2}):([0-9]{2}))"
@@ -190,20 +201,41 @@ def parse_fields(
     if time_ms > create_time_ms + source.max_future:  # type: ignore[operator]
         return Malformed(
             "time_in_future",
-            f"event time {time_ms} lies more than max_future after the record's CreateTime "
-            f"{create_time_ms}",
+            f"the time field {time_field!r} ({time_ms}) lies more than max_future "
+            f"({source.max_future} ms) after the record's CreateTime {create_time_ms}",
         )
     id_field = source.id_field
     if id_field is None:
         return fields, time_ms, None  # type: ignore[return-value]
     raw_id = fields.get(id_field)
     if type(raw_id) is str:
-        return fields, time_ms, raw_id  # type: ignore[return-value]
-    if type(raw_id) is int:
-        return fields, time_ms, str(raw_id)  # type: ignore[return-value]
-    if id_field not in fields:
+        event_id = raw_id
+    elif type(raw_id) is int:
+        event_id = str(raw_id)
+    elif id_field not in fields:
         return Malformed("id_missing", f"the id field {id_field!r} is missing")
-    return Malformed("id_invalid", f"the id field {id_field!r} must be str or int")
+    else:
+        return Malformed("id_invalid", f"the id field {id_field!r} must be str or int")
+    fault = text_fault(event_id)
+    if fault is not None:
+        return Malformed(f"id_{fault}", f"the id field {id_field!r} {_FAULTS[fault]}")
+    return fields, time_ms, event_id  # type: ignore[return-value]
+
+
+_FAULTS = {
+    "invalid": "contains a NUL character (\\u0000), which PostgreSQL text cannot hold",
+    "too_long": f"is longer than {MAX_TEXT_BYTES} bytes in UTF-8",
+}
+
+
+def text_fault(text: str) -> str | None:
+    """Why an id or key dimension text cannot be stored (`invalid`: it holds a NUL, which
+    PostgreSQL text cannot; `too_long`: over `MAX_TEXT_BYTES`), or None when it can."""
+    if "\x00" in text:
+        return "invalid"
+    if len(text) > _SURELY_SHORT and len(text.encode()) > MAX_TEXT_BYTES:
+        return "too_long"
+    return None
 
 
 def metric_input(event: SourceEvent, metric: MetricPlan) -> MetricInput | Skipped:
@@ -218,7 +250,7 @@ def metric_input(event: SourceEvent, metric: MetricPlan) -> MetricInput | Skippe
 _SKIPS = {
     reason: Skipped(reason)
     for what in ("key", "value")
-    for reason in (f"{what}_missing", f"{what}_invalid")
+    for reason in (f"{what}_missing", f"{what}_invalid", f"{what}_too_long", f"{what}_out_of_range")
 }
 
 
@@ -230,11 +262,18 @@ def _canonical_all(
     for name in names:
         item = fields.get(name)
         if type(item) is str:
-            texts.append(item)
+            text = item
         elif type(item) is int:
-            texts.append(str(item))
+            text = str(item)
         else:
             return _SKIPS[f"{what}_missing" if name not in fields else f"{what}_invalid"]
+        if "\x00" in text or len(text) > _SURELY_SHORT:
+            fault = text_fault(text)
+            if fault is not None:
+                return _SKIPS[f"{what}_{fault}"]
+        texts.append(text)
+    if sum(map(len, texts)) > MAX_KEY_BYTES // 4 and len("".join(texts).encode()) > MAX_KEY_BYTES:
+        return _SKIPS[f"{what}_too_long"]
     return tuple(texts)
 
 
@@ -250,6 +289,11 @@ def _finite(raw: Any) -> float | None:
     return None
 
 
+def in_range(value: float) -> bool:
+    """Whether a finite value or quantile field is small enough to be summed (`VALUE_LIMIT`)."""
+    return -VALUE_LIMIT < value < VALUE_LIMIT
+
+
 def _sketch_items(
     fields: dict[str, Any], inputs: tuple[SketchInput, ...]
 ) -> tuple[str | float, ...] | Skipped:
@@ -261,6 +305,8 @@ def _sketch_items(
         item: str | float | None
         if slot.number:
             item = _finite(raw)
+            if item is not None and not in_range(item):
+                return Skipped(slot.out_of_range)
         elif type(raw) is str:
             item = raw
         elif type(raw) is int:
@@ -289,12 +335,18 @@ def metric_inputs(
         if one_dim is not None:
             item = fields.get(one_dim)
             if type(item) is str:
-                key: tuple[str, ...] | Skipped = (item,)
+                text = item
             elif type(item) is int:
-                key = (str(item),)
+                text = str(item)
             else:
                 yield _SKIPS["key_missing" if one_dim not in fields else "key_invalid"]
                 continue
+            if "\x00" in text or len(text) > _SURELY_SHORT:
+                fault = text_fault(text)
+                if fault is not None:
+                    yield _SKIPS[f"key_{fault}"]
+                    continue
+            key: tuple[str, ...] | Skipped = (text,)
         elif not dims:
             key = ()
         else:
@@ -307,12 +359,15 @@ def metric_inputs(
             if value is None:
                 yield _SKIPS["value_missing" if value_field not in fields else "value_invalid"]
                 continue
+            if not -VALUE_LIMIT < value < VALUE_LIMIT:
+                yield _SKIPS["value_out_of_range"]
+                continue
         if one_text is not None:
-            text = fields.get(one_text)
-            if type(text) is str:
-                items: tuple[str | float, ...] | Skipped = (text,)
-            elif type(text) is int:
-                items = (str(text),)
+            raw = fields.get(one_text)
+            if type(raw) is str:
+                items: tuple[str | float, ...] | Skipped = (raw,)
+            elif type(raw) is int:
+                items = (str(raw),)
             else:
                 yield Skipped(inputs[0].missing if one_text not in fields else inputs[0].invalid)
                 continue

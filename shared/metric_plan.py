@@ -111,6 +111,15 @@ class SketchInput:
     """The skip reason when the field is absent."""
     invalid: str
     """The skip reason when it holds something else."""
+    out_of_range: str
+    """The skip reason when a number is too large in magnitude (`shared.events.VALUE_LIMIT`)."""
+
+
+VALIDITY_REVISION = 2
+"""Which edition of the validity rules (`shared.events`) cells were computed under. It is part
+of every metric's version, so a change in what counts (2: the limits of the stores) recomputes
+every metric (a full run and a speed rebuild, as for a changed definition) instead of mixing
+cells of both editions."""
 
 
 def _version(
@@ -122,6 +131,7 @@ def _version(
     definition: dict[str, object] = {
         "metric": metric.model_dump(mode="json", exclude=set() if metric.rollups else {"rollups"}),
         "source": source.model_dump(mode="json", exclude={"partitions"}),
+        "validity": VALIDITY_REVISION,
     }
     if rollup is not None:
         definition["rollup"] = list(rollup)
@@ -144,6 +154,7 @@ def compile_plan(metric: MetricConfig, source: SourceConfig) -> MetricPlan:
             a.kind.reads == "number",
             f"{a.skip_reason}_missing",
             f"{a.skip_reason}_invalid",
+            f"{a.skip_reason}_out_of_range",
         )
         for a in aggregations.sketched
         if a.field is not None and a.kind is not None

@@ -32,7 +32,10 @@ minutes of ids per partition (without cleanup: ~58 MB per 1M events).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import socket
 import sys
 import time
 import uuid
@@ -58,6 +61,7 @@ from shared.speed_view import (
     FENCE_MOVED,
     REDIS_FAILURES,
     Fence,
+    PartitionStall,
     SpeedViewWriter,
     ensure_epoch,
     rebuild_member,
@@ -66,7 +70,7 @@ from shared.speed_view import (
 from speed_layer.consumer import BatchConsumer, BatchTransport
 from speed_layer.errors import ServedRowUnavailable, SideTopicError
 from speed_layer.metrics import CAUSES, SpeedMetrics
-from speed_layer.processor import KafkaRecord, SourceProcessor
+from speed_layer.processor import BatchOutcome, KafkaRecord, SourceProcessor, isolate_failures
 from speed_layer.served_state import ServedState
 from speed_layer.side_topics import SideTopicPublisher
 
@@ -114,6 +118,9 @@ class SpeedWorker:
             for source in settings.sources
         }
         self.rebuilding: dict[TP, int] = {}
+        self.stalls: dict[TP, float] = {}
+        """Partitions whose last batch failed, since when (epoch seconds)."""
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
         self.app = self._build_app()
 
     # -- positioning, apply, rebuild ----------------------------------------------------------
@@ -174,6 +181,8 @@ class SpeedWorker:
                 self.rebuilding.pop(tp, None)
             else:
                 self.rebuilding[tp] = until
+        if tp not in self.stalls:  # a stall another worker (or this one's past) left behind
+            self.store.clear_stall(member)
         log.info("event=position topic=%s partition=%d offset=%d", tp.topic, tp.partition, target)
         self.backoffs["redis"].recovered()
         return target
@@ -183,11 +192,27 @@ class SpeedWorker:
         never lands between the Redis apply and the offset it allows to commit."""
         processor = self.processors[tp.topic]
         started = time.perf_counter()
-        with collector_paused():  # see `tune_gc`
-            outcome = processor.process(tp.partition, records, self.served.watermarks)
-        metrics = self.metrics
+        watermarks = self.served.watermarks
+
+        def process(batch: Sequence[KafkaRecord], unprocessable: str | None) -> BatchOutcome:
+            return processor.process(tp.partition, batch, watermarks, unprocessable)
+
+        try:
+            with collector_paused():  # see `tune_gc`
+                outcomes = isolate_failures(records, process, _transient)
+        except Exception as exc:
+            self.note_stall(tp, exc)
+            raise
+        if tp in self.stalls:
+            self.clear_stall(tp)
         for cause in ("redis", "kafka", "error"):
             self.backoffs[cause].recovered()
+        for outcome in outcomes:
+            self._account(tp, outcome, started)
+
+    def _account(self, tp: TP, outcome: BatchOutcome, started: float) -> None:
+        """Count an outcome, let its offsets be committed, or act on its failed apply."""
+        metrics = self.metrics
         if outcome.status == APPLIED:
             metrics.apply_seconds.observe(time.perf_counter() - started)
             metrics.events.labels(tp.topic).inc(outcome.records)
@@ -212,6 +237,26 @@ class SpeedWorker:
             self.consumer.reposition([tp])
         elif outcome.status == EPOCH_LOST:
             self.start_rebuild()
+
+    def note_stall(self, tp: TP, error: BaseException) -> None:
+        """A batch of `tp` failed: from now until one is applied the partition is stalled,
+        shown by `speed_partition_stalled` and, unless Redis is what failed, in the speed
+        view's stall list that `/v1/status` and `/readyz` report."""
+        since = self.stalls.setdefault(tp, time.time())
+        self.metrics.stalled.labels(tp.topic, str(tp.partition)).set(1)
+        cause = cause_of(error)
+        if cause == "redis":
+            return
+        stall = PartitionStall(
+            cause, f"{type(error).__name__}: {error}"[:500], int(since * 1000), self.worker_id
+        )
+        with contextlib.suppress(*REDIS_FAILURES):
+            self.store.report_stall(rebuild_member(tp.topic, tp.partition), stall)
+
+    def clear_stall(self, tp: TP) -> None:
+        self.store.clear_stall(rebuild_member(tp.topic, tp.partition))
+        self.stalls.pop(tp, None)
+        self.metrics.stalled.labels(tp.topic, str(tp.partition)).set(0)
 
     def epoch_lost(self) -> bool:
         """True when the epoch marker is gone or replaced: Redis lost the speed view."""
@@ -401,6 +446,12 @@ class SpeedWorker:
                 continue
             backoff.recovered()
             return epoch
+
+
+def _transient(error: BaseException) -> bool:
+    """Whether a failed batch is retried as it is (a store failed), rather than narrowed down
+    to the records that make it fail (`isolate_failures`)."""
+    return cause_of(error) != "error"
 
 
 def cause_of(error: BaseException) -> str:

@@ -78,6 +78,13 @@ class SpeedMetrics:
             ["cause"],
             registry=self.registry,
         )
+        self.stalled = Gauge(
+            "speed_partition_stalled",
+            "1 while a partition's batches keep failing (since the first failure, until one is "
+            "applied); /v1/status says why",
+            ["topic", "partition"],
+            registry=self.registry,
+        )
         self.store_failures = Counter(
             "speed_store_failures",
             "Failed attempts to reach a store (or unexpected failures of an apply), by cause",

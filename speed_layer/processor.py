@@ -69,11 +69,13 @@ class RawRecord(NamedTuple):
 
 
 class Rejected(NamedTuple):
-    """A record for `<source>.dlq` (reason) or `<source>.late` (the metrics it is late for)."""
+    """A record for `<source>.dlq` (reason, and the detail naming the field) or
+    `<source>.late` (the metrics it is late for)."""
 
     offset: int
     value: bytes | None
     why: str
+    detail: str = ""
 
 
 @dataclass
@@ -169,16 +171,24 @@ class SourceProcessor:
         return self._fences[partition]
 
     def process(
-        self, partition: int, records: Sequence[KafkaRecord], watermarks: Mapping[str, int | None]
+        self,
+        partition: int,
+        records: Sequence[KafkaRecord],
+        watermarks: Mapping[str, int | None],
+        unprocessable: str | None = None,
     ) -> BatchOutcome:
         """Decide a batch (`decide`, reading the view through Redis), publish its dead letters
-        and late events, and apply it with one fenced call (rule 3)."""
+        and late events, and apply it with one fenced call (rule 3). With `unprocessable` (why
+        deciding failed) the records are dead-lettered instead (`unprocessable_batch`)."""
         fence = self.fence(partition)
         if fence.offset is not None and records and records[0].offset <= fence.offset:
             records = [r for r in records if r.offset > fence.offset]
         if not records:
             return BatchOutcome(APPLIED, fence)
-        outcome, batch = decide(self.plan, partition, fence, records, watermarks, self._store)
+        if unprocessable is not None:
+            outcome, batch = unprocessable_batch(self.plan, fence, records, unprocessable)
+        else:
+            outcome, batch = decide(self.plan, partition, fence, records, watermarks, self._store)
         self._publish(self.source.topic, partition, outcome.dead_letters, outcome.late)
         topic = self.source.topic
         outcome.status = self._store.apply(topic, partition, fence, outcome.fence, batch)
@@ -193,6 +203,50 @@ class SourceProcessor:
                     partition,
                 )
         return outcome
+
+
+def isolate_failures(
+    records: Sequence[KafkaRecord],
+    process: Callable[[Sequence[KafkaRecord], str | None], BatchOutcome],
+    transient: Callable[[BaseException], bool],
+) -> list[BatchOutcome]:
+    """Process a batch so that a record which makes processing fail cannot stall its partition
+    (as Kafka Streams' exception handlers keep one record from blocking a task): a failure
+    that is not `transient` (a store going away, retried from the fences by the caller) is
+    narrowed down by processing each half in turn, and a single failing record is processed
+    again as unprocessable, i.e. dead-lettered with the error. Halves are applied in offset
+    order, each with its own fenced apply, so the result equals one apply of the batch less
+    those records. Returns the outcomes in order; stops at one that was not applied."""
+    try:
+        return [process(records, None)]
+    except Exception as exc:
+        if transient(exc):
+            raise
+        if len(records) == 1:
+            log.error(
+                "event=unprocessable offset=%d: dead-lettered", records[0].offset, exc_info=exc
+            )
+            return [process(records, f"{type(exc).__name__}: {exc}"[:1000])]
+    half = len(records) // 2
+    outcomes = isolate_failures(records[:half], process, transient)
+    if outcomes[-1].status != APPLIED:
+        return outcomes
+    return outcomes + isolate_failures(records[half:], process, transient)
+
+
+def unprocessable_batch(
+    plan: SourcePlan, fence: Fence, records: Sequence[KafkaRecord], error: str
+) -> tuple[BatchOutcome, ApplyBatch]:
+    """Records that failed to process, dead-lettered with reason `unprocessable` and the error
+    as detail; the fence moves past them and nothing else changes (they count as malformed:
+    no stream time, no cell, no id)."""
+    outcome = BatchOutcome(
+        APPLIED,
+        Fence(records[-1].offset, fence.stream_time, plan.defs),
+        records=len(records),
+        dead_letters=[Rejected(r.offset, r.value, "unprocessable", error) for r in records],
+    )
+    return outcome, ApplyBatch()
 
 
 def decide(
@@ -228,7 +282,7 @@ def decide(
     for index, record in enumerate(records):
         event = parse_fields(record.value, record.timestamp, source)
         if type(event) is Malformed:
-            dead_letters.append(Rejected(record.offset, record.value, event.reason))
+            dead_letters.append(Rejected(record.offset, record.value, *event))
             continue
         fields, time_ms, event_id = event  # type: ignore[misc]
         if time_ms > stream_time:

@@ -56,7 +56,7 @@ class SideTopicPublisher:
                     f"could not publish {target_topic} record {item.offset}: {error}; the "
                     "batch is not applied (it is read again after a backoff)"
                 )
-            cut = Rejected(item.offset, item.value[:_CUT_BYTES], item.why)
+            cut = item._replace(value=item.value[:_CUT_BYTES])
             self._produce(
                 target_topic,
                 partition,
@@ -85,6 +85,7 @@ class SideTopicPublisher:
             if error is not None:
                 failures.append((target_topic, item, header, KafkaException(error)))
 
+        details = [("detail", item.detail.encode())] if item.detail else []
         while True:
             try:
                 self.producer.produce(
@@ -92,7 +93,7 @@ class SideTopicPublisher:
                     key=f"{source_topic}:{partition}:{item.offset}",
                     value=item.value,
                     partition=partition,
-                    headers=[(header, item.why.encode()), *extra],
+                    headers=[(header, item.why.encode()), *details, *extra],
                     on_delivery=delivered,
                 )
                 return

@@ -21,6 +21,10 @@ Choices the design leaves open, made here once:
   (what DataSketches' `get_quantile(q)` estimates with inclusive ranks). A layer's answer is
   judged by rank, not value (`compare`, `ExactQuantile.accepts`): the KLL sketch bounds the
   rank error, never the value error.
+- What the stores can hold is part of validity: an id or a key dimension value is at most
+  1,024 bytes of UTF-8 and holds no NUL character (PostgreSQL text cannot), a key's values
+  together at most 2,048 bytes (a too-long or NUL id makes the record malformed; a key, a
+  skip); a value or quantile field must be smaller than 2**63 in magnitude (a skip).
 - Slicing (`view`, `series_windows`, `sliced_series`, `sliced_top`, `sliced_keys`): an answer
   is recomputed from the events themselves — the base cells rule 8 takes from each side (every
   valid event before W, the non-late ones after), the keys passing the filters pooled per
@@ -58,6 +62,7 @@ _RFC3339 = re.compile(
     r"(?:\.([0-9]{1,6}))?([Zz]|[+-][0-9]{2}:[0-9]{2})"
 )
 _EPOCH = datetime(1970, 1, 1)
+_TEXT_BYTES, _KEY_BYTES, _VALUE_BOUND = 1024, 2048, 2**63
 _MIN_MS = (datetime(1, 1, 1) - _EPOCH) // timedelta(milliseconds=1)
 _MAX_MS = (datetime(9999, 12, 31, 23, 59, 59, 999_000) - _EPOCH) // timedelta(milliseconds=1)
 _PLAIN_AGGREGATIONS = ("count", "sum", "min", "max", "avg")
@@ -273,9 +278,20 @@ def _validate(source: _Source, record: Record) -> tuple[dict[str, Any], int, str
         if source.id_field not in event:
             return "id_missing"
         event_id = canonical(event[source.id_field])
-        if event_id is None:
+        if event_id is None or not storable(event_id):
             return "id_invalid"
     return event, event_time, event_id
+
+
+def storable(text: str) -> bool:
+    """Whether an id or key text fits PostgreSQL's text and index entries (see the top)."""
+    return "\0" not in text and len(text.encode("utf-8")) <= _TEXT_BYTES
+
+
+def summable(raw: Any) -> float | None:
+    """`finite_number`, and small enough to be summed (see the top)."""
+    value = finite_number(raw)
+    return value if value is not None and abs(value) < _VALUE_BOUND else None
 
 
 def finite_number(raw: Any) -> float | None:
@@ -298,9 +314,11 @@ def _metric_fields(
     key = []
     for dim in metric.key:
         text = canonical(event.get(dim))
-        if text is None:
+        if text is None or not storable(text):
             return None
         key.append(text)
+    if len("".join(key).encode("utf-8")) > _KEY_BYTES:
+        return None
     distinct = {}
     for name in metric.distinct_fields:
         text = canonical(event.get(name))
@@ -309,12 +327,12 @@ def _metric_fields(
         distinct[name] = text
     value = None
     if metric.value is not None:
-        value = finite_number(event.get(metric.value))
+        value = summable(event.get(metric.value))
         if value is None:
             return None
     quantile = None
     if metric.quantile_field is not None:
-        quantile = finite_number(event.get(metric.quantile_field))
+        quantile = summable(event.get(metric.quantile_field))
         if quantile is None:
             return None
     return tuple(key), value, distinct, quantile

@@ -6,6 +6,8 @@ from fastapi import APIRouter, Request
 
 from serving_layer.responses import JSONResponse
 from serving_layer.schemas import Health, Ready
+from serving_layer.timefmt import format_time
+from shared.speed_view import stalled_partitions
 
 router = APIRouter(tags=["health"])
 
@@ -21,7 +23,8 @@ def healthz() -> Health:
     responses={503: {"model": Ready, "description": "a backing service is unreachable"}},
 )
 def readyz(request: Request) -> JSONResponse:
-    """Kafka, Redis and PostgreSQL reachable (each check bounded by a short timeout)."""
+    """Kafka, Redis and PostgreSQL reachable (each check bounded by a short timeout), and no
+    speed partition stalled (a partition whose batches keep failing: which, since when, why)."""
     state = request.app.state
     checks: dict[str, str] = {}
     try:
@@ -33,6 +36,16 @@ def readyz(request: Request) -> JSONResponse:
     try:
         state.redis.ping()
         checks["redis"] = "ok"
+        stalls = stalled_partitions(state.redis)
+        checks["speed"] = (
+            "ok"
+            if not stalls
+            else "stalled: "
+            + "; ".join(
+                f"{member} since {format_time(s.since_ms)} ({s.cause}: {s.error})"
+                for member, s in sorted(stalls.items())
+            )
+        )
     except Exception as exc:
         checks["redis"] = f"down: {type(exc).__name__}"
     checks["kafka"] = state.kafka.check()

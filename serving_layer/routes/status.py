@@ -9,17 +9,32 @@ from fastapi import APIRouter, Request
 from serving_layer.auth import ReaderDep
 from serving_layer.deps import DbDep, SettingsDep
 from serving_layer.routes.runs import _iso, run_out
-from serving_layer.schemas import MetricWatermark, PartitionLag, StatusResponse, problems
+from serving_layer.schemas import (
+    MetricWatermark,
+    PartitionLag,
+    PartitionStallInfo,
+    StatusResponse,
+    problems,
+)
 from serving_layer.timefmt import format_time
 from shared.db.runs import list_runs
 from shared.db.served import read_served
 from shared.metric_plan import read_plans
-from shared.speed_view import fence_key
+from shared.speed_view import PartitionStall, fence_key, rebuild_member, stalled_partitions
 from shared.speed_view import speed_status as read_speed_status
 
 router = APIRouter(
     prefix="/v1", tags=["status"], dependencies=[ReaderDep], responses=problems(400, 401, 503)
 )
+
+
+def _stall_info(stall: PartitionStall | None) -> PartitionStallInfo | None:
+    if stall is None:
+        return None
+    since = format_time(stall.since_ms)
+    return PartitionStallInfo(
+        cause=stall.cause, error=stall.error, since=since, worker=stall.worker
+    )
 
 
 @router.get("/status", response_model=StatusResponse)
@@ -33,6 +48,12 @@ def status(request: Request, settings: SettingsDep, db: DbDep) -> StatusResponse
     kafka = request.app.state.kafka
     kafka_state = kafka.check()
     partitions: list[PartitionLag] = []
+    stalls: dict[str, PartitionStall] = {}
+    if speed_status != "unavailable":
+        try:
+            stalls = stalled_partitions(client)
+        except Exception:  # Redis went away after the status read: report it as such
+            speed_status = "unavailable"
     for source in settings.sources:
         ends = None if kafka_state != "ok" else kafka.end_offsets(source.topic, source.partitions)
         fences: list[tuple[int | None, int | None]] = [(None, None)] * source.partitions
@@ -61,6 +82,7 @@ def status(request: Request, settings: SettingsDep, db: DbDep) -> StatusResponse
                     applied_offset=offset,
                     lag=lag,
                     stream_time=None if stream_time is None else format_time(stream_time),
+                    stalled=_stall_info(stalls.get(rebuild_member(source.topic, p))),
                 )
             )
     now_ms = time.time() * 1000
@@ -84,6 +106,7 @@ def status(request: Request, settings: SettingsDep, db: DbDep) -> StatusResponse
         partitions=partitions,
         metrics=metrics,
         runs=runs,
+        batch_error=next((r.error for r in runs if r.status in ("succeeded", "failed")), None),
         kafka=kafka_state,
         postgres="ok",
     )

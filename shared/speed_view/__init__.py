@@ -15,6 +15,7 @@ from shared.speed_view.client import (
 from shared.speed_view.keys import (
     EPOCH_KEY,
     REBUILDING_KEY,
+    PartitionStall,
     cell_key,
     decode_key,
     encode_key,
@@ -22,7 +23,12 @@ from shared.speed_view.keys import (
     ids_key,
     rebuild_member,
 )
-from shared.speed_view.reader import SpeedViewReader, speed_status, speed_status_of
+from shared.speed_view.reader import (
+    SpeedViewReader,
+    speed_status,
+    speed_status_of,
+    stalled_partitions,
+)
 from shared.speed_view.writer import (
     APPLIED,
     EPOCH_LOST,
@@ -43,6 +49,7 @@ __all__ = [
     "ApplyBatch",
     "AsyncRedis",
     "Fence",
+    "PartitionStall",
     "SpeedViewReader",
     "SpeedViewWriter",
     "SyncRedis",
@@ -57,4 +64,5 @@ __all__ = [
     "redis_client_async",
     "speed_status",
     "speed_status_of",
+    "stalled_partitions",
 ]

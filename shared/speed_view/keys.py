@@ -22,17 +22,23 @@ Every key a source partition's fenced apply writes carries that partition's hash
 - `lp:{lp}:rebuild_until` — hash `<topic>:<partition>` -> the offset a rebuild must reach
   before that member leaves the rebuilding set (so whichever worker owns the partition can
   finish it).
+- `lp:{lp}:stalled` — hash `<topic>:<partition>` -> JSON {cause, error, since_ms, worker}: a
+  partition whose batches keep failing (not Redis: a failure Redis cannot record), written by
+  its owner and removed by whichever worker next applies or positions it; `/v1/status` lists
+  them and `/readyz` answers 503 while there are any.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import orjson
 
 EPOCH_KEY = "lp:{lp}:epoch"
 REBUILDING_KEY = "lp:{lp}:rebuilding"
 REBUILD_UNTIL_KEY = "lp:{lp}:rebuild_until"
+STALLED_KEY = "lp:{lp}:stalled"
 
 
 def partition_tag(topic: str, partition: int | str) -> str:
@@ -85,6 +91,23 @@ def ids_of_key(key: str) -> tuple[int, int]:
 def rebuild_member(topic: str, partition: int) -> str:
     """A partition's name in the rebuilding set and `REBUILD_UNTIL_KEY`."""
     return f"{topic}:{partition}"
+
+
+class PartitionStall(NamedTuple):
+    """A `STALLED_KEY` entry: why a partition's batches keep failing and since when."""
+
+    cause: str
+    """The store the failure points at (`kafka`, `postgres`) or `error` (anything else)."""
+    error: str
+    since_ms: int
+    worker: str
+
+    def encode(self) -> bytes:
+        return orjson.dumps(self._asdict())
+
+    @classmethod
+    def decode(cls, data: bytes) -> PartitionStall:
+        return cls(**orjson.loads(data))
 
 
 def encode_key(key: Sequence[str]) -> bytes:

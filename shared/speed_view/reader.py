@@ -18,7 +18,15 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from shared.metric_plan import MetricPlan
 from shared.speed_view.client import REDIS_FAILURES, AsyncRedis, SyncRedis
-from shared.speed_view.keys import EPOCH_KEY, REBUILDING_KEY, cell_key, cell_key_prefix, fence_key
+from shared.speed_view.keys import (
+    EPOCH_KEY,
+    REBUILDING_KEY,
+    STALLED_KEY,
+    PartitionStall,
+    cell_key,
+    cell_key_prefix,
+    fence_key,
+)
 
 
 def speed_status_of(has_epoch: Any, rebuilding: Any) -> str:
@@ -34,6 +42,13 @@ def speed_status(client: SyncRedis) -> str:
         return speed_status_of(*pipe.execute())
     except REDIS_FAILURES:
         return "unavailable"
+
+
+def stalled_partitions(client: SyncRedis) -> dict[str, PartitionStall]:
+    """`<topic>:<partition>` -> why its batches keep failing (empty when none do); raises
+    `REDIS_FAILURES` (Redis down is reported as `unavailable` by the caller)."""
+    entries: dict[bytes, bytes] = client.hgetall(STALLED_KEY)  # type: ignore[assignment]
+    return {k.decode(): PartitionStall.decode(v) for k, v in entries.items()}
 
 
 class SpeedViewReader:

@@ -15,6 +15,8 @@ from shared.speed_view.keys import (
     EPOCH_KEY,
     REBUILD_UNTIL_KEY,
     REBUILDING_KEY,
+    STALLED_KEY,
+    PartitionStall,
     cell_of_key,
     cell_pattern,
     fence_key,
@@ -142,6 +144,16 @@ class SpeedViewWriter:
         pipe.srem(REBUILDING_KEY, member)
         pipe.hdel(REBUILD_UNTIL_KEY, member)
         pipe.execute()
+
+    def report_stall(self, member: str, stall: PartitionStall) -> None:
+        """Record that `<topic>:<partition>` member's batches keep failing."""
+        pipe = self._client.pipeline(transaction=True)
+        pipe.hset(STALLED_KEY, member, stall.encode())
+        pipe.expire(STALLED_KEY, self._ttl)
+        pipe.execute()
+
+    def clear_stall(self, member: str) -> None:
+        self._client.hdel(STALLED_KEY, member)
 
     def partition_keys(self, topic: str, partition: int, plans: Sequence[MetricPlan]) -> list[str]:
         """Every key a partition's state lives in: its fence, de-dup id sets and the sub-cells

@@ -59,6 +59,8 @@ def corpus() -> list[bytes | None]:
         _event("future-edge", CREATE_TIME + MAX_FUTURE),
         _event("future-beyond", CREATE_TIME + MAX_FUTURE + 1),
         _event("far-past", -62_135_596_800_001),
+        _event("year-1", -62_135_596_800_000),
+        _event("year-1-text", "0001-01-01T00:00:00.001Z", page="/y1"),
         {"ts": BASE, "page": "/", "user_id": "u1", "latency_ms": 1},
         _event(1.5),
         _event(True),
@@ -82,6 +84,18 @@ def corpus() -> list[bytes | None]:
         {k: v for k, v in _event("page-missing").items() if k != "page"},
         {k: v for k, v in _event("latency-missing").items() if k != "latency_ms"},
         {k: v for k, v in _event("user-missing").items() if k != "user_id"},
+        # what the stores cannot hold (issue #26): each is refused the same way everywhere
+        _event("page-nul", page="a\x00b"),
+        _event("id-nul\x00"),
+        _event("i" * 1025),
+        _event("i" * 1024),
+        _event("page-too-long", page="p" * 1025),
+        _event("page-longest", page="é" * 512),
+        _event("latency-max-a", page="/max", latency_ms=1.7e308),
+        _event("latency-max-b", page="/max", latency_ms=1.7e308),
+        _event("latency-min", page="/max", latency_ms=-1.7e308),
+        _event("latency-2-63", latency_ms=2**63),
+        _event("latency-below-2-63", latency_ms=-(2**63 - 2**11)),
     ]
     raw: list[bytes | None] = [orjson.dumps(e) for e in json_events]
     raw += [

@@ -10,7 +10,13 @@ from fastapi.testclient import TestClient
 
 from serving_layer import create_app
 from shared.kafka import create_topics
-from shared.speed_view import fence_key
+from shared.speed_view import (
+    PartitionStall,
+    SpeedViewWriter,
+    fence_key,
+    rebuild_member,
+    redis_client,
+)
 from tests.broker._kafka import eventually
 from tests.conftest import Platform
 
@@ -200,8 +206,34 @@ def test_runs_queue_coalesce_list_cancel(platform: Platform, patient_client: Tes
     )
     assert client.get("/readyz").json() == {
         "ready": True,
-        "checks": {"postgres": "ok", "redis": "ok", "kafka": "ok"},
+        "checks": {"postgres": "ok", "redis": "ok", "kafka": "ok", "speed": "ok"},
     }
+
+
+def test_a_stalled_speed_partition_is_reported(platform: Platform, client: TestClient) -> None:
+    """Issue #26: a partition whose batches keep failing is visible (which, since when, why)
+    in /v1/status and /readyz, until a worker applies it again (`SpeedWorker.note_stall`)."""
+    topic = platform.settings.sources[0].topic
+    writer = SpeedViewWriter(redis_client(platform.settings.redis), 3600)
+    stall = PartitionStall("error", "OverflowError: intermediate overflow", 1767225600000, "h:1")
+    writer.report_stall(rebuild_member(topic, 2), stall)
+    parts = client.get("/v1/status").json()["partitions"]
+    assert [p["stalled"] for p in parts if p["partition"] != 2] == [None] * 3
+    assert parts[2]["stalled"] == {
+        "cause": "error",
+        "error": "OverflowError: intermediate overflow",
+        "since": "2026-01-01T00:00:00Z",
+        "worker": "h:1",
+    }
+    ready = client.get("/readyz")
+    assert ready.status_code == 503
+    assert ready.json()["checks"]["speed"] == (
+        f"stalled: {topic}:2 since 2026-01-01T00:00:00Z (error: OverflowError: intermediate "
+        "overflow)"
+    )
+    writer.clear_stall(rebuild_member(topic, 2))
+    assert client.get("/readyz").json()["checks"]["speed"] == "ok"
+    assert all(p["stalled"] is None for p in client.get("/v1/status").json()["partitions"])
 
 
 def test_metrics_listing_and_prometheus(client: TestClient) -> None:

@@ -77,6 +77,10 @@ def test_malformed_records_go_to_the_dlq(platform: Platform, tmp_path: Path) -> 
     by_offset = {f"{topic}:{r.partition}:{r.offset}": r.value or b"" for r in records}
     for key, dead_value, headers in dead:
         assert headers["reason"]
+        assert headers["detail"], "a dead letter says what is wrong with it"
+        if headers["reason"].startswith(("time", "id")):
+            field = "'ts'" if headers["reason"].startswith("time") else "'event_id'"
+            assert field in headers["detail"], headers
         if "truncated" in headers:
             assert by_offset[key][: len(dead_value or b"")] == dead_value
         else:

@@ -382,10 +382,58 @@ def test_a_skip_is_per_metric() -> None:
     assert isinstance(metric_input(source_event, COUNT_ONLY), MetricInput)
 
 
-def test_integer_value_beyond_64_bits_is_a_finite_number() -> None:
-    result = metric_input(parsed(event(lat=2**64)), METRIC)
-    assert isinstance(result, MetricInput)
-    assert result.value == float(2**64)
+@pytest.mark.parametrize("value", [2**63, -(2**63), 2**64, 1.7e308, -9.3e18])
+def test_a_value_that_could_overflow_a_sum_is_out_of_range(value: float) -> None:
+    """Two values of 1.7e308 overflow a sum (a stalled speed partition, an infinite batch
+    sum): a value must be smaller than 2**63 in magnitude, the same skip in both layers."""
+    result = parsed(event(lat=value))
+    assert reason(metric_input(result, METRIC)) == "value_out_of_range"
+    assert isinstance(metric_input(result, COUNT_ONLY), MetricInput)
+
+
+@pytest.mark.parametrize("value", [2**63 - 2**10, -(2**62), 9.2e18, 1e-300])
+def test_values_below_the_bound_count(value: float) -> None:
+    result = metric_input(parsed(event(lat=value)), METRIC)
+    assert isinstance(result, MetricInput), result
+    assert result.value == float(value)
+
+
+@pytest.mark.parametrize(
+    ("page", "expected"),
+    [
+        ("a\x00b", "key_invalid"),
+        ("é" * 513, "key_too_long"),
+        ("x" * 1025, "key_too_long"),
+        (10**1025, "key_too_long"),
+    ],
+    ids=["nul", "1026-bytes-utf8", "1025-ascii", "1026-digit-int"],
+)
+def test_a_key_the_batch_view_cannot_store_is_skipped(page: object, expected: str) -> None:
+    """PostgreSQL text holds no NUL and a btree entry is at most 2,704 bytes: such a key
+    would fail every batch run, so both layers skip it for the metric."""
+    result = parsed(event(page=page))
+    assert reason(metric_input(result, METRIC)) == expected
+    assert isinstance(metric_input(result, COUNT_ONLY), MetricInput)
+
+
+def test_the_longest_storable_key() -> None:
+    fits = parsed(event(page="x" * 1024, country="y" * 1024))
+    assert isinstance(metric_input(fits, METRIC), MetricInput)
+    over = parsed(event(page="x" * 1024, country="é" * 513))
+    assert reason(metric_input(over, METRIC)) == "key_too_long"
+
+
+@pytest.mark.parametrize(
+    ("event_id", "expected"),
+    [("a\x00", "id_invalid"), ("i" * 1025, "id_too_long"), (10**1024, "id_too_long")],
+    ids=["nul", "1025-ascii", "1025-digit-int"],
+)
+def test_an_id_the_batch_view_cannot_store_is_malformed(event_id: object, expected: str) -> None:
+    result = parse_record(encode(event(id=event_id)), CREATE, SOURCE)
+    assert isinstance(result, Malformed)
+    assert result.reason == expected
+    assert "'id'" in result.detail
+    assert isinstance(parse_record(encode(event(id="i" * 1024)), CREATE, SOURCE), SourceEvent)
 
 
 @pytest.mark.parametrize(
@@ -425,10 +473,11 @@ def test_float_literals_stay_floats() -> None:
     assert reason(metric_input(result, METRIC)) == "key_invalid"
     assert metric_input(result, COUNT_ONLY) == MetricInput((), None, ())
     fine = value.replace(b'"page": 1e20', b'"page": 100000000000000000000')
+    fine = fine.replace(b'"lat": 1e20', b'"lat": 1e18')
     result = parse_record(fine, CREATE, SOURCE)
     assert isinstance(result, SourceEvent), result
     assert metric_input(result, METRIC) == MetricInput(
-        ("100000000000000000000", "nl"), 1e20, ("u",)
+        ("100000000000000000000", "nl"), 1e18, ("u",)
     )
 
 

@@ -58,9 +58,10 @@ CONFIG: dict[str, Any] = {
     ],
 }
 
-GOLDEN = {"views_by_page": "5121f45ce182", "views_total": "5dc7ae7ee168"}
-"""Computed with `Settings.metric_version` before the plan existed: cells stored under these
-names (Redis keys, `batch_cells.version`, the served row) must stay readable."""
+GOLDEN = {"views_by_page": "34f9aefa4ca5", "views_total": "9e899541079d"}
+"""Pinned: cells stored under these names (Redis keys, `batch_cells.version`, the served row)
+must stay readable. They last changed with `VALIDITY_REVISION` 2 (the stores' limits became
+validity rules), which recomputes every metric once."""
 
 
 def config() -> dict[str, Any]:
@@ -104,7 +105,9 @@ def test_the_plan_holds_the_compiled_definition() -> None:
     ]
     assert plan.kinds == (HLL,)
     assert plan.sketch_inputs == (
-        SketchInput("user_id", False, "distinct_missing", "distinct_invalid"),
+        SketchInput(
+            "user_id", False, "distinct_missing", "distinct_invalid", "distinct_out_of_range"
+        ),
     )
     assert plan.output_names == ("count", "sum", "min", "max", "avg", "distinct_user_id")
     assert (plan.text_fields, plan.number_fields) == (("page", "user_id"), ("latency_ms",))
@@ -209,8 +212,8 @@ def test_compile_plan_refuses_another_source() -> None:
 def test_the_fence_digest_of_versions_is_pinned() -> None:
     """The digest a speed fence records (a worker compares it on assignment, rule 3)."""
     plans = Settings(**config()).plans.values()
-    assert versions_digest(plans) == "4b9f7d5044ae"
-    assert versions_digest(reversed(list(plans))) == "4b9f7d5044ae"
+    assert versions_digest(plans) == "67160dac12be"
+    assert versions_digest(reversed(list(plans))) == "67160dac12be"
 
 
 def test_rollups_compile_into_plans_of_their_own_after_their_metric() -> None:
