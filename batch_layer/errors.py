@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from shared.errors import CronError as CronError  # raised by shared.cron
 from shared.errors import LambdaError
 
 
@@ -29,7 +30,3 @@ class ReadStalledError(BatchError, TimeoutError):
 
 class UnpackablePositionError(BatchError, ValueError):
     """A record's (partition, offset) is past what the packed de-dup position holds."""
-
-
-class CronError(BatchError, ValueError):
-    """A `batch.schedule` that is neither 'hourly' nor a valid 5-field cron expression."""

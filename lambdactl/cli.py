@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from lambdactl import stack
 from shared.config import Settings, load_settings
@@ -35,11 +36,16 @@ class RunModeOption(StrEnum):
     range = "range"
 
 
+def _print_error(exc: Exception) -> None:
+    """Unwrapped, so a `<file>:<line>:` stays on one line, and never read as rich markup."""
+    console.print(f"[red]{escape(str(exc))}[/red]", soft_wrap=True)
+
+
 def _settings() -> Settings:
     try:
         return load_settings()
     except LambdaError as exc:
-        console.print(f"[red]{exc}[/red]")
+        _print_error(exc)
         raise typer.Exit(2) from exc
 
 
@@ -237,5 +243,5 @@ def main() -> None:
     try:
         app()
     except LambdaError as exc:
-        console.print(f"[red]{exc}[/red]")
+        _print_error(exc)
         raise SystemExit(2) from exc

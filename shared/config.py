@@ -24,13 +24,15 @@ from pydantic import (
 )
 from pydantic_settings import (
     BaseSettings,
+    InitSettingsSource,
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    YamlConfigSettingsSource,
 )
 
 from shared.aggregations import check_aggregations, parse_aggregation
+from shared.config_file import ConfigFile, KeyPath, dotted
+from shared.cron import Schedule
 from shared.durations import format_duration, parse_duration
 from shared.errors import ConfigError
 
@@ -294,8 +296,7 @@ class BatchConfig(_Strict):
     @field_validator("schedule")
     @classmethod
     def _valid_schedule(cls, value: str) -> str:
-        if value != "hourly" and len(value.split()) != 5:
-            raise ValueError("schedule must be 'hourly' or a 5-field cron expression")
+        Schedule(value)
         return value
 
 
@@ -426,8 +427,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        yaml_file = os.environ.get("LAMBDA_CONFIG", "lambda.yaml")
-        return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls, yaml_file))
+        return (init_settings, env_settings, _YamlFileSource(settings_cls, _config_path()))
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Settings:
@@ -466,6 +466,20 @@ class Settings(BaseSettings):
         return tuple(p for p in self.plans.values() if p.source.name == source.name)
 
 
+def _config_path() -> str:
+    return os.environ.get("LAMBDA_CONFIG", "lambda.yaml")
+
+
+class _YamlFileSource(InitSettingsSource):
+    """The YAML file as a settings source, read with `ConfigLoader` (pydantic-settings' own
+    YAML source uses `yaml.safe_load`). A missing file adds nothing: `load_settings` refuses
+    a LAMBDA_CONFIG that names none, and without LAMBDA_CONFIG the defaults apply."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: str) -> None:
+        data = ConfigFile.read(path).data if Path(path).is_file() else {}
+        super().__init__(settings_cls, data)
+
+
 def load_settings(**overrides: object) -> Settings:
     """Read the YAML file and the environment; raise ConfigError with a readable message."""
     path = os.environ.get("LAMBDA_CONFIG")
@@ -474,16 +488,49 @@ def load_settings(**overrides: object) -> Settings:
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc)) from exc
+        file = ConfigFile.read(_config_path()) if Path(_config_path()).is_file() else None
+        raise ConfigError(describe_validation_error(exc, file, overrides)) from exc
 
 
-def describe_validation_error(exc: ValidationError) -> str:
+def describe_validation_error(
+    exc: ValidationError, file: ConfigFile | None = None, overrides: Mapping[str, object] = {}
+) -> str:
+    """One line per error, naming where the bad value was written: `<file>:<line>:` when it
+    comes from the file, the variable when it comes from the environment."""
     lines = ["invalid configuration:"]
     for err in exc.errors():
-        where = ".".join(str(part) for part in err["loc"]) or "(top level)"
+        loc = err["loc"]
+        where = dotted(loc)
+        variable = _env_variable(loc)
+        if variable is not None:
+            where = f"{where} (from {variable})"
+        elif file is not None and not _given(loc, overrides) and (line := file.line_of(loc)):
+            where = f"{file.path}:{line}: {where}"
         message = err["msg"].removeprefix("Value error, ")
         lines.append(f"  {where}: {message}")
     return "\n".join(lines)
+
+
+def _env_variable(loc: KeyPath) -> str | None:
+    """The `LAMBDA_*` variable that sets `loc` or a setting enclosing it."""
+    names = {name.upper(): name for name in os.environ}
+    for end in range(1, len(loc) + 1):
+        name = "LAMBDA_" + "__".join(str(part) for part in loc[:end]).upper()
+        if name in names:
+            return names[name]
+    return None
+
+
+def _given(loc: KeyPath, overrides: Mapping[str, object]) -> bool:
+    """Whether `loc` or a setting enclosing it was passed to `load_settings`."""
+    value: object = overrides
+    for part in loc:
+        if not isinstance(value, Mapping):
+            return True
+        if part not in value:
+            return False
+        value = value[part]
+    return bool(loc)
 
 
 RunMode = Literal["incremental", "full", "range"]

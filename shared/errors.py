@@ -9,6 +9,11 @@ class ConfigError(LambdaError):
     """The configuration is invalid; the message names the field and what is allowed."""
 
 
+class CronError(ConfigError, ValueError):
+    """A `batch.schedule` that is neither 'hourly' nor a valid 5-field cron expression; a
+    ValueError too, so the settings report it as an error of that field."""
+
+
 class TopicMismatchError(LambdaError):
     """A live topic disagrees with the configuration (e.g. its partition count)."""
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import copy
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,7 @@ import pytest
 import yaml
 
 from shared.config import MetricConfig, Settings, load_settings
+from shared.durations import MAX_DURATION_MS, parse_duration
 from shared.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -308,6 +312,213 @@ def test_the_same_distinct_field_twice_is_refused(
     config["metrics"][0]["aggregations"] = ["count", "distinct(u)", "distinct( u )"]
     message = config_error(monkeypatch, tmp_path, config)
     assert "metrics.0.aggregations" in message
+
+
+# --------------------------------------------------------------------------- the file itself
+
+
+def file_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, content: str | bytes) -> str:
+    """The message of loading `content` as the config file, with its path shortened to
+    `<file>`."""
+    path = tmp_path / "config.yaml"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    monkeypatch.setenv("LAMBDA_CONFIG", str(path))
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    return str(info.value).replace(str(path), "<file>")
+
+
+def test_yaml_syntax_error_names_file_line_and_column(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    message = file_error(monkeypatch, tmp_path, "sources: [\n  - name: a\n")
+    assert message.startswith("<file>:2:3: invalid YAML: ")
+    assert "fix the YAML there" in message
+    assert "\n" not in message
+
+
+def test_top_level_list_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    message = file_error(monkeypatch, tmp_path, "- sources\n- metrics\n")
+    assert message.startswith("<file>:1:1: the file holds a list")
+    assert "must be a mapping" in message
+    assert "`sources:`" in message
+
+
+@pytest.mark.parametrize(
+    ("content", "where", "what"),
+    [
+        (b"\x89PNG\r\n\x1a\n\x00", "<file>:1:1:", "byte 0x89 is not UTF-8"),
+        (b"kafka:\n  bootstrap_servers: \xff\n", "<file>:2:22:", "byte 0xff is not UTF-8"),
+        (b"batch:\n  schedule: hour\x00ly\n", "<file>:2:17:", "character U+0000"),
+    ],
+)
+def test_binary_bytes_are_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, content: bytes, where: str, what: str
+) -> None:
+    message = file_error(monkeypatch, tmp_path, content)
+    assert message.startswith(where)
+    assert what in message
+    assert "UTF-8" in message
+
+
+def test_python_tag_is_refused_before_it_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    content = f"kafka:\n  bootstrap_servers: !!python/object/apply:os.system ['touch {marker}']\n"
+    message = file_error(monkeypatch, tmp_path, content)
+    assert message.startswith("<file>:2:22: kafka.bootstrap_servers: the tag ")
+    assert "!!python/object/apply:os.system is not allowed" in message
+    assert "drop the tag" in message
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("content", ["", "\n\n", "# only a comment\n"])
+def test_empty_file_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, content: str
+) -> None:
+    message = file_error(monkeypatch, tmp_path, content)
+    assert message.startswith("<file>:1: the file is empty")
+    assert "unset LAMBDA_CONFIG" in message
+
+
+def test_duplicate_top_level_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    content = DESIGN_EXAMPLE + "batch:\n  schedule: '0 * * * *'\n"
+    message = file_error(monkeypatch, tmp_path, content)
+    first = DESIGN_EXAMPLE.splitlines().index("batch:") + 1
+    second = len(DESIGN_EXAMPLE.splitlines()) + 1
+    assert message.startswith(f"<file>:{second}:1: batch: duplicate key 'batch'")
+    assert f"also set at line {first}" in message
+    assert "keep one `batch:`" in message
+
+
+def test_duplicate_key_in_a_metric(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    content = DESIGN_EXAMPLE.replace("    grace: 2m\n", "    grace: 2m\n    grace: 5m\n")
+    message = file_error(monkeypatch, tmp_path, content)
+    first = content.splitlines().index("    grace: 2m") + 1
+    assert message.startswith(f"<file>:{first + 1}:5: metrics.0.grace: duplicate key 'grace'")
+    assert f"also set at line {first}" in message
+    assert "keep one `grace:`" in message
+
+
+def test_a_key_yaml_reads_as_a_boolean(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    message = file_error(monkeypatch, tmp_path, "spark:\n  conf:\n    on: x\n")
+    assert message.startswith("<file>:3:5: spark.conf: the key on reads as a bool")
+    assert "quote it ('on')" in message
+
+
+def test_a_value_yaml_reads_as_a_date(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    message = file_error(monkeypatch, tmp_path, "stack:\n  data_dir: 2026-01-01\n")
+    assert message.startswith("<file>:2:13: stack.data_dir: 2026-01-01 reads as a timestamp")
+    assert "quote it" in message
+
+
+def test_validation_errors_name_the_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    content = DESIGN_EXAMPLE.replace("grace: 2m", "grace: 99999999999999999999d")
+    message = file_error(monkeypatch, tmp_path, content)
+    line = next(n for n, text in enumerate(content.splitlines(), 1) if "grace:" in text)
+    assert f"<file>:{line}: metrics.0.grace: '99999999999999999999d' is longer than" in message
+    assert "36500d" in message
+
+
+def test_full_width_digits_are_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    content = DESIGN_EXAMPLE.replace("windows: [1m, 1h, 1d]", "windows: [\uff11m, 1h, 1d]")
+    message = file_error(monkeypatch, tmp_path, content)
+    line = next(n for n, text in enumerate(content.splitlines(), 1) if "windows:" in text)
+    assert f"<file>:{line}: metrics.0.windows.0: '\uff11m' is not a duration" in message
+    assert "ASCII digits 0-9" in message
+
+
+def test_cron_out_of_range_names_field_and_range(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    content = DESIGN_EXAMPLE.replace("schedule: hourly", "schedule: '61 * * * *'")
+    message = file_error(monkeypatch, tmp_path, content)
+    line = next(n for n, text in enumerate(content.splitlines(), 1) if "schedule:" in text)
+    assert f"<file>:{line}: batch.schedule: cron '61 * * * *', minute field '61'" in message
+    assert "outside 0-59" in message
+
+
+def test_a_missing_field_is_reported_at_its_mapping(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    content = DESIGN_EXAMPLE.replace("    windows: [1m, 1h, 1d]\n", "")
+    message = file_error(monkeypatch, tmp_path, content)
+    line = content.splitlines().index("  - name: views_by_page") + 1
+    assert f"<file>:{line}: metrics.0.windows: Field required" in message
+
+
+def test_an_env_override_is_named_instead_of_a_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("LAMBDA_SERVING__MAX_CELLS", "0")
+    message = file_error(monkeypatch, tmp_path, DESIGN_EXAMPLE + "serving:\n  max_cells: 5\n")
+    assert "  serving.max_cells (from LAMBDA_SERVING__MAX_CELLS): " in message
+    assert "<file>" not in message
+
+
+def test_merged_keys_are_not_duplicates(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An explicit key overrides one merged from an anchor (`<<: *views`), as YAML says."""
+    content = DESIGN_EXAMPLE.replace(
+        "  - name: views_by_page\n", "  - &views\n    name: views_by_page\n"
+    ).replace("    grace: 2m\n", "    grace: 2m\n  - <<: *views\n    name: again\n    grace: 5m\n")
+    write_config(monkeypatch, tmp_path, content)
+    settings = load_settings()
+    assert [(m.name, m.grace) for m in settings.metrics] == [
+        ("views_by_page", 2 * MIN),
+        ("again", 5 * MIN),
+    ]
+
+
+def test_lambdactl_prints_one_line_and_no_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text(DESIGN_EXAMPLE.replace("    grace: 2m\n", "    grace: 2m\n    grace: 5m\n"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAMBDA_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "lambdactl", "topics", "check"],
+        env={**env, "LAMBDA_CONFIG": str(path), "COLUMNS": "60"},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "Traceback" not in output
+    (line,) = output.strip().splitlines()
+    assert line.startswith(f"{path}:")
+    assert "duplicate key 'grace'" in line
+
+
+# --------------------------------------------------------------------------- durations
+
+
+@pytest.mark.parametrize(
+    ("text", "ms"), [("30s", 30_000), (" 5m ", 5 * MIN), ("36500d", MAX_DURATION_MS), (0, 0)]
+)
+def test_durations(text: str | int, ms: int) -> None:
+    assert parse_duration(text) == ms
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("36501d", "maximum 36500d"),
+        ("9" * 5000 + "s", "maximum 36500d"),
+        (MAX_DURATION_MS + 1, "maximum 36500d"),
+        ("\uff11m", "ASCII digits"),
+        ("\u0661m", "ASCII digits"),  # Arabic-Indic one
+        ("1.5m", "<number><unit>"),
+        (1.5, "such as '30s'"),
+        (True, "such as '30s'"),
+    ],
+)
+def test_bad_durations(text: object, why: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(why)):
+        parse_duration(text)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------- derived fields
