@@ -150,15 +150,25 @@ def batch_run(
     """Queue a run, then show its progress until it is done (executing it here when no
     runner is active)."""
     from lambdactl.batch_watch import watch_run
-    from shared.db.runs import RunRequest
+    from shared.db.runs import QueueFull, RunRequest
 
     settings = _settings()
     try:
-        request = RunRequest(mode.value, _time_option("start", start), _time_option("end", end))
+        request = RunRequest(
+            mode.value,
+            _time_option("start", start),
+            _time_option("end", end),
+            limits=settings.batch,
+        )
     except ValueError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
-    if not watch_run(settings, request, console):
+    try:
+        succeeded = watch_run(settings, request, console)
+    except QueueFull as exc:
+        _print_error(exc)
+        raise typer.Exit(1) from exc
+    if not succeeded:
         raise typer.Exit(1)
 
 

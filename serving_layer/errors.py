@@ -43,6 +43,13 @@ def conflict(message: str) -> HTTPException:
     return HTTPException(status_code=409, detail=message)
 
 
+def too_many_requests(message: str, retry_after_s: int) -> HTTPException:
+    """A 429: the request is fine but must wait; `Retry-After` says how long, in seconds."""
+    return HTTPException(
+        status_code=429, detail=message, headers={"Retry-After": str(retry_after_s)}
+    )
+
+
 def unavailable(message: str) -> HTTPException:
     return HTTPException(status_code=503, detail=message)
 

@@ -26,7 +26,10 @@ def problems(*codes: int) -> dict[int | str, dict[str, object]]:
         403: "a reader token on an operator route",
         404: "unknown metric or run",
         409: "the run is not queued",
-        503: "PostgreSQL is unreachable",
+        429: "`batch.max_queued_runs` runs of the mode are queued; retry after `Retry-After` "
+        "seconds or cancel queued runs",
+        503: "PostgreSQL is unreachable, or (with `Retry-After`) the process is at "
+        "`serving.max_inflight_requests` or the request passed `serving.request_timeout_s`",
     }
     return {code: {"model": Problem, "description": meaning[code]} for code in codes}
 

@@ -292,6 +292,19 @@ class BatchConfig(_Strict):
     background recompute: where it shares cores with the speed and serving layers it should
     take the CPU they leave, not their share. 0 keeps the priority the runner was started
     with; a runner started nicer stays so."""
+    max_queued_runs: int = Field(default=10, ge=1)
+    """When this many runs of a mode are queued, an operator's request for another (API: 429,
+    `lambdactl batch run`: exit 1) is refused until the runner starts one or one is
+    cancelled: one runner executes runs one at a time, each for minutes, so an unbounded
+    queue is a backlog of hours any client can grow. A request identical to a queued one
+    coalesces and is never refused. The runner's own runs (the schedule's incremental run, the
+    full run of changed definitions, retries) are never refused, so none is lost; they add at
+    most one: a retry takes the place of the run that failed."""
+    max_range_days: int = Field(default=366, ge=1)
+    """The widest `[start, end)` a range run may ask for. A range run reads the whole log up
+    to the served snapshot whatever its range, and replaces the served cells of its range in
+    place, in one transaction: a wider recompute is a full run's work, which a full run does
+    better (a new generation, flipped atomically)."""
 
     @field_validator("schedule")
     @classmethod

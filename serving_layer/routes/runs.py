@@ -8,12 +8,20 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Body, Path, Query
 
 from serving_layer.auth import OperatorDep
-from serving_layer.deps import DbDep
-from serving_layer.errors import bad_request, conflict, not_found
+from serving_layer.deps import DbDep, SettingsDep
+from serving_layer.errors import bad_request, conflict, not_found, too_many_requests
 from serving_layer.params import time_of
 from serving_layer.schemas import Problem, Run, RunCreate, RunList, RunQueued, problems
 from serving_layer.timefmt import format_time
-from shared.db.runs import RunRecord, RunRequest, cancel_run, get_run, list_runs, queue_run
+from shared.db.runs import (
+    QueueFull,
+    RunRecord,
+    RunRequest,
+    cancel_run,
+    get_run,
+    list_runs,
+    queue_run,
+)
 
 router = APIRouter(
     prefix="/v1/batch/runs",
@@ -24,6 +32,10 @@ router = APIRouter(
 
 _MAX_RUN_ID = 2**63 - 1
 RunId = Annotated[int, Path(ge=1, le=_MAX_RUN_ID, description="a run id")]
+
+QUEUE_FULL_RETRY_AFTER_S = 60
+"""`Retry-After` of a refused request: a slot frees when the runner starts the oldest queued
+run, which waits for the running one, and runs take minutes."""
 
 
 def _iso(moment: datetime | None) -> str | None:
@@ -73,21 +85,26 @@ def run_out(record: RunRecord) -> Run:
     "",
     status_code=202,
     response_model=RunQueued,
-    responses={400: {"model": Problem}},
-    description="Queue a run. `range` needs `start` and `end`; the others take neither. An "
-    "identical request that is still queued is coalesced: you get its id.",
+    responses={400: {"model": Problem}, **problems(429)},
+    description="Queue a run. `range` needs `start` and `end`, at most `batch.max_range_days` "
+    "apart; the others take neither. An identical request that is still queued is coalesced: "
+    "you get its id. With `batch.max_queued_runs` runs of the mode queued, any other request "
+    "is refused (429, with `Retry-After`).",
 )
-def create_run(db: DbDep, body: Annotated[RunCreate, Body()]) -> RunQueued:
+def create_run(db: DbDep, settings: SettingsDep, body: Annotated[RunCreate, Body()]) -> RunQueued:
     start_ms = None if body.start is None else time_of("start", str(body.start))
     end_ms = None if body.end is None else time_of("end", str(body.end))
     try:
-        request = RunRequest(body.mode, start_ms, end_ms)
+        request = RunRequest(body.mode, start_ms, end_ms, limits=settings.batch)
     except ValueError as exc:
         raise bad_request(
             f"{exc}; send {{'mode': 'range', 'start': ..., 'end': ...}} or a mode without a range"
         ) from None
     with db.connection() as conn:
-        run_id, coalesced = queue_run(conn, request)
+        try:
+            run_id, coalesced = queue_run(conn, request)
+        except QueueFull as exc:
+            raise too_many_requests(str(exc), QUEUE_FULL_RETRY_AFTER_S) from None
         record = get_run(conn, run_id)
     assert record is not None
     return RunQueued(**run_out(record).model_dump(), coalesced=coalesced)

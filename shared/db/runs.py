@@ -1,20 +1,25 @@
 """The batch run log and queue (rule 7), shared by the CLI, the operator API and the runner.
 
 Requests are rows with status `queued`; one runner executes them one at a time. An identical
-request that is still queued (same mode and range) is coalesced: the caller gets its id."""
+request that is still queued (same mode and range) is coalesced: the caller gets its id. An
+operator's request is bounded (`batch.max_queued_runs` queued per mode, ranges of at most
+`batch.max_range_days`); the runner's own runs are not, so that none is lost."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
-from shared.config import RunMode
+from shared.config import BatchConfig, RunMode
+from shared.errors import LambdaError
+from shared.events import MAX_EVENT_MS, MIN_EVENT_MS
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+DAY_MS = 86_400_000
 
 
 @dataclass(frozen=True)
@@ -22,6 +27,9 @@ class RunRequest:
     mode: RunMode
     start_ms: int | None = None
     end_ms: int | None = None
+    limits: BatchConfig | None = field(default=None, compare=False, repr=False)
+    """The bounds of an operator's request (the API, `lambdactl batch run`): its range's width
+    here, the queue's length in `queue_run`. None: a run the runner queues itself."""
 
     def __post_init__(self) -> None:
         if self.mode == "range":
@@ -29,6 +37,18 @@ class RunRequest:
                 raise ValueError("a range run needs both start and end")
             if self.start_ms >= self.end_ms:
                 raise ValueError("a range run needs start < end")
+            if self.start_ms < MIN_EVENT_MS or self.end_ms > MAX_EVENT_MS:
+                raise ValueError(
+                    "a range run needs start and end within event times, "
+                    "0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z"
+                )
+            days = None if self.limits is None else self.limits.max_range_days
+            if days is not None and self.end_ms - self.start_ms > days * DAY_MS:
+                raise ValueError(
+                    f"a range run spans at most {days} days (LAMBDA_BATCH__MAX_RANGE_DAYS), "
+                    f"not {(self.end_ms - self.start_ms) / DAY_MS:.1f}; split it into narrower "
+                    "range runs, or queue a full run to recompute everything"
+                )
         elif self.start_ms is not None or self.end_ms is not None:
             raise ValueError(f"start/end apply to range runs only, not to {self.mode!r}")
 
@@ -72,6 +92,18 @@ class RunRecord:
 _COLUMNS = ", ".join(RunRecord.__dataclass_fields__)
 
 
+class QueueFull(LambdaError):
+    """An operator's request found `batch.max_queued_runs` runs of its mode queued."""
+
+    def __init__(self, mode: str, queued: int) -> None:
+        super().__init__(
+            f"{queued} {mode} run{'' if queued == 1 else 's'} queued already, as many as "
+            "batch.max_queued_runs (LAMBDA_BATCH__MAX_QUEUED_RUNS) allows; wait until the "
+            "runner starts one, or cancel queued runs: GET /v1/batch/runs?status=queued lists "
+            "them, POST /v1/batch/runs/{id}/cancel cancels one"
+        )
+
+
 def _lock_and_find_queued(
     conn: psycopg.Connection[Any], mode: str, start_ms: int | None, end_ms: int | None
 ) -> int | None:
@@ -91,11 +123,23 @@ def _lock_and_find_queued(
 
 
 def queue_run(conn: psycopg.Connection[Any], request: RunRequest) -> tuple[int, bool]:
-    """Queue a run; returns (run id, whether it was coalesced with an identical queued one)."""
+    """Queue a run; returns (run id, whether it was coalesced with an identical queued one).
+
+    An operator's request (with `limits`) that would not coalesce raises `QueueFull` when
+    `max_queued_runs` runs of its mode are queued: counted under the coalescing lock, so
+    concurrent requests cannot queue past the bound."""
     with conn.transaction():
         existing = _lock_and_find_queued(conn, request.mode, request.start_ms, request.end_ms)
         if existing is not None:
             return existing, True
+        if request.limits is not None:
+            row = conn.execute(
+                "SELECT count(*) FROM batch_runs WHERE status = 'queued' AND mode = %s",
+                [request.mode],
+            ).fetchone()
+            queued = int(row[0]) if row else 0
+            if queued >= request.limits.max_queued_runs:
+                raise QueueFull(request.mode, queued)
         row = conn.execute(
             """
             INSERT INTO batch_runs (mode, range_start_ms, range_end_ms, status)
