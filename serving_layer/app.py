@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from serving_layer.auth import check_open_access
 from serving_layer.errors import install_error_handlers
 from serving_layer.kafka_probe import KafkaProbe
-from serving_layer.limits import RequestLimits
+from serving_layer.limits import RequestBudget, RequestLimits
 from serving_layer.merged_view import MergedView
 from serving_layer.observability import (
     MULTIPROCESS_DIR_ENV,
@@ -81,6 +81,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = observer
     install_error_handlers(app)
+    app.add_middleware(RequestBudget, serving=settings.serving, metrics=observer)
     app.add_middleware(RequestLimits, serving=settings.serving)
     app.add_middleware(MetricsMiddleware, metrics=observer)
 

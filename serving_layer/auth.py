@@ -72,8 +72,8 @@ def _check(request: Request, credentials: HTTPAuthorizationCredentials | None, n
         return
     if credentials is None:
         raise _unauthorized(
-            "send `Authorization: Bearer <token>` with a "
-            + ("reader or operator" if need == "reader" else "operator")
+            "send `Authorization: Bearer <token>` with "
+            + ("a reader or operator" if need == "reader" else "an operator")
             + " token"
         )
     role = role_of(auth, credentials.credentials)

@@ -65,6 +65,17 @@ class ServingMetrics:
             "Queries answered batch-only because Redis was unreachable",
             registry=self.registry,
         )
+        self.shed = Counter(
+            "lambda_serving_shed_requests_total",
+            "Requests answered 503 at once: serving.max_inflight_requests were in flight",
+            registry=self.registry,
+        )
+        self.timed_out = Counter(
+            "lambda_serving_timed_out_requests_total",
+            "Requests answered 503 at serving.request_timeout_s, by route template",
+            ["route"],
+            registry=self.registry,
+        )
 
         self._scrape_time: list[Collector] = []
 
@@ -136,6 +147,11 @@ class WatermarkAgeCollector(Collector):
         return []
 
 
+def route_template(scope: Scope) -> str:
+    """The route template a request matched (`unmatched` before routing, or when none did)."""
+    return getattr(scope.get("route"), "path", None) or "unmatched"
+
+
 class MetricsMiddleware:
     """Pure ASGI middleware (no per-request task overhead) timing each route template."""
 
@@ -159,8 +175,7 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
+            template = route_template(scope)
             method = scope.get("method", "GET")
             self.metrics.latency.labels(method, template).observe(time.perf_counter() - started)
             self.metrics.requests.labels(method, template, str(status)).inc()

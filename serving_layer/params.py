@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from functools import cache
+from zoneinfo import ZoneInfo, available_timezones
 
+from fastapi import HTTPException
 from starlette.datastructures import QueryParams
 
 from serving_layer.errors import bad_request, not_found
 from serving_layer.selection import Selection
-from serving_layer.timefmt import parse_time
-from serving_layer.windowing import WindowSpec
+from serving_layer.timefmt import format_time, parse_time
+from serving_layer.windowing import WindowError, WindowSpec
 from shared.aggregations import DEFAULT_RENDER, Ranking, RenderOptions, parse_quantiles
 from shared.config import Settings
 from shared.durations import format_duration, parse_duration
+from shared.events import MAX_EVENT_MS, MIN_EVENT_MS
 from shared.metric_plan import MetricPlan, rollup_name
+
+SUPPORTED_MS = (MIN_EVENT_MS, MAX_EVENT_MS + 1)
+"""Where every time a query names and every window it reaches must lie: the years 1-9999 an
+event time may have (so every stored cell of a base window dividing a day is reachable)."""
 
 
 def metric_of(settings: Settings, name: str) -> MetricPlan:
@@ -52,15 +59,18 @@ def window_spec_of(metric: MetricPlan, window: str, step: str | None, tz: str | 
     midnight."""
     size = window_of(metric, window)
     step_ms = size if step is None else _multiple_of_base(metric, "step", step)
-    zone = None
-    if tz is not None:
-        try:
-            zone = ZoneInfo(tz)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise bad_request(
-                f"tz={tz!r} is not an IANA time zone name; send e.g. tz=Europe/Berlin"
-            ) from None
-    return WindowSpec(size, step_ms, zone)
+    if tz is None:
+        return WindowSpec(size, step_ms)
+    if tz not in _zone_names():
+        raise bad_request(f"tz={tz!r} is not an IANA time zone name; send e.g. tz=Europe/Berlin")
+    return WindowSpec(size, step_ms, ZoneInfo(tz))
+
+
+@cache
+def _zone_names() -> frozenset[str]:
+    """The zones of the installed tz database: a name is looked up here, never handed to
+    ZoneInfo as a path (a 1,000-character one raised OSError)."""
+    return frozenset(available_timezones())
 
 
 def _multiple_of_base(metric: MetricPlan, name: str, text: str) -> int:
@@ -82,16 +92,14 @@ def _multiple_of_base(metric: MetricPlan, name: str, text: str) -> int:
 
 
 def time_of(name: str, text: str) -> int:
-    if " " in text.strip():
-        text = text.strip().replace(" ", "+")  # an unencoded '+' in a query string
     try:
-        value = parse_time(text)
+        value = parse_time(text.strip().replace(" ", "+"))  # an unencoded '+' arrives as ' '
     except (ValueError, OverflowError):
         value = None
     if value is None:
         raise bad_request(
             f"{name}={text!r} is not a time; send RFC 3339 with an offset "
-            "(e.g. 2024-05-01T00:00:00Z) or integer epoch milliseconds"
+            "(e.g. 2024-05-01T00:00:00Z) or integer epoch milliseconds, in years 1 to 9999"
         )
     return value
 
@@ -121,6 +129,9 @@ def selection_of(
                 f"query also takes {', '.join(sorted(accepted))}"
             )
     filters = tuple((dim, frozenset(query.getlist(dim))) for dim in metric.key if dim in query)
+    for dim, values in filters:
+        for value in values:
+            check_key_text(dim, value)
     grouped: tuple[str, ...] = ()
     if group_by is not None:
         grouped = tuple(d.strip() for d in group_by.split(",") if d.strip())
@@ -159,7 +170,77 @@ def by_of(metric: MetricPlan, by: str, options: RenderOptions) -> Ranking:
 def check_cells(settings: Settings, cells: int, how: str) -> None:
     limit = settings.serving.max_cells
     if cells > limit:
+        raise _too_many_cells(limit, cells, how)
+
+
+def _too_many_cells(limit: int, cells: int, how: str) -> HTTPException:
+    return bad_request(
+        f"the query spans {cells} cells, more than the limit of {limit} "
+        f"(LAMBDA_SERVING__MAX_CELLS); {how}"
+    )
+
+
+def check_key_text(name: str, value: str) -> None:
+    """A value compared with key dimensions holds no NUL: no key can (an event with one is
+    skipped as `key_invalid`: PostgreSQL text cannot hold it)."""
+    if "\x00" in value:
         raise bad_request(
-            f"the query spans {cells} cells, more than the limit of {limit} "
-            f"(LAMBDA_SERVING__MAX_CELLS); {how}"
+            f"{name}={value!r} holds a NUL character (%00), which no key can hold; send the "
+            "value without it"
         )
+
+
+def check_supported(start_ms: int, end_ms: int, what: str, how: str) -> None:
+    """`[start_ms, end_ms)` (`what`) must lie within `SUPPORTED_MS`; else a 400 saying `how`
+    to get there."""
+    low, high = SUPPORTED_MS
+    if start_ms < low or end_ms > high:
+        raise bad_request(
+            f"{what} would span [{format_time(start_ms)}, {format_time(end_ms)}), outside the "
+            f"supported times [{format_time(low)}, {format_time(high)}) (years 1 to 9999); {how}"
+        )
+
+
+def windows_of(
+    metric: MetricPlan, spec: WindowSpec, start_ms: int, end_ms: int
+) -> list[tuple[int, int]]:
+    """The windows a series asks for (call `check_windows` first), each bound on a cell
+    boundary of `metric`."""
+    windows = spec.windows(start_ms, end_ms)
+    try:
+        spec.check_cells(windows, metric.base_window_ms)
+    except WindowError as exc:
+        raise bad_request(str(exc)) from None
+    return windows
+
+
+def check_windows(
+    settings: Settings, metric: MetricPlan, spec: WindowSpec, start_ms: int, end_ms: int
+) -> None:
+    """Before anything is built: the windows starting in `[start_ms, end_ms)` lie within the
+    supported times, and they compose at most `serving.max_cells` cells — a cell counted once
+    per window holding it, as the merge composes it (a local day counts as 24 hours)."""
+    extent = spec.extent(start_ms, end_ms)
+    check_supported(
+        extent.first_ms, extent.end_ms, "the windows", "send an earlier end or a smaller window"
+    )
+    base = metric.base_window_ms
+    per_window = spec.size_ms // base
+    cells = extent.windows * per_window
+    limit = settings.serving.max_cells
+    if cells <= limit:
+        return
+    size = format_duration(spec.size_ms)
+    asked = f"{extent.windows} windows of {size}, {per_window} x {format_duration(base)} cells each"
+    fit = limit // per_window
+    if not fit:
+        raise _too_many_cells(
+            limit, cells, f"{asked}; send a window of at most {format_duration(limit * base)}"
+        )
+    fewer = (
+        f"{asked}; narrow [start, end) to at most {fit} windows "
+        f"(end={format_time(spec.nth_start(start_ms, fit))})"
+    )
+    if spec.step_ms < spec.size_ms:
+        fewer += f", or send a larger step (step={size} reads each cell once)"
+    raise _too_many_cells(limit, cells, fewer)

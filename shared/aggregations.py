@@ -436,11 +436,25 @@ def quantile_of_name(name: str) -> Decimal | None:
     return q
 
 
+MAX_QUANTILES = 10
+"""The most fractions one `q` may ask for: each is an output field of every point."""
+_FINEST_QUANTILE = Decimal("0.000001")
+"""Fractions have at most 6 digits after the point (`p99.9999`): the output name spells the
+fraction out, so `q=1e-1000000` would name a field with a million digits."""
+
+
 def parse_quantiles(text: str) -> tuple[Decimal, ...]:
-    """`0.5,0.9,0.99` -> fractions, each in (0, 1), ascending and distinct; raises ValueError
-    with what to send instead."""
+    """`0.5,0.9,0.99` -> fractions, each in (0, 1) with at most 6 digits after the point, at
+    most `MAX_QUANTILES`, ascending and distinct; raises ValueError with what to send
+    instead."""
+    parts = text.split(",")
+    if len(parts) > MAX_QUANTILES:
+        raise ValueError(
+            f"{len(parts)} quantiles asked for, more than {MAX_QUANTILES}; send at most "
+            f"{MAX_QUANTILES}, e.g. q=0.5,0.9,0.99"
+        )
     fractions = []
-    for part in text.split(","):
+    for part in parts:
         try:
             q = Decimal(part.strip())
         except InvalidOperation:
@@ -449,6 +463,11 @@ def parse_quantiles(text: str) -> tuple[Decimal, ...]:
             raise ValueError(
                 f"quantile {part.strip()!r} is not a number strictly between 0 and 1; "
                 "send e.g. q=0.5,0.9,0.99"
+            )
+        if q != q.quantize(_FINEST_QUANTILE):
+            raise ValueError(
+                f"quantile {part.strip()!r} has more than 6 digits after the point; send at most "
+                "6, e.g. q=0.999999"
             )
         fractions.append(q)
     return tuple(sorted(set(fractions)))

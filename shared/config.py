@@ -403,6 +403,23 @@ class ServingSettings(_Strict):
     max_param_chars: int = Field(default=1024, ge=1)
     """The longest query parameter value (a dimension value, `prefix`, `group_by`...);
     beyond it a 400."""
+    max_headers: int = Field(default=100, ge=1)
+    """The most header fields one request may carry; beyond it a 431. uvicorn's httptools
+    parser (what `lambdactl serve` runs) bounds neither their number nor their size."""
+    max_header_bytes: int = Field(default=16 * 1024, ge=1024)
+    """The most bytes of header names and values one request may carry (cookies and a token
+    take a few KiB); beyond it a 431. The server has read them by then: a proxy in front
+    bounds what reaches it."""
+    request_timeout_s: float = Field(default=10.0, gt=0)
+    """Each request's time budget, until its response starts; past it a 503 with
+    `Retry-After`. An async query is cancelled at its next await; a sync (operator) route's
+    thread cannot be and runs to its end, its answer dropped. Health, readiness and
+    `/metrics` are exempt."""
+    max_inflight_requests: int = Field(default=64, ge=1)
+    """Requests one API process works on at once (work a timeout left running included); any
+    more are answered 503 with `Retry-After` at once instead of queueing behind them, so an
+    overload shows as refusals, not as every client's time-out. Health, readiness and
+    `/metrics` are exempt."""
 
 
 class StackSettings(_Strict):

@@ -15,6 +15,9 @@ from serving_layer.params import (
     answering_plan,
     by_of,
     check_cells,
+    check_key_text,
+    check_supported,
+    check_windows,
     metric_of,
     options_of,
     range_of,
@@ -22,6 +25,7 @@ from serving_layer.params import (
     time_of,
     window_of,
     window_spec_of,
+    windows_of,
 )
 from serving_layer.responses import JSONResponse
 from serving_layer.schemas import (
@@ -35,7 +39,7 @@ from serving_layer.schemas import (
 )
 from serving_layer.selection import Selection
 from serving_layer.timefmt import format_time
-from serving_layer.windowing import WindowError, WindowSpec
+from serving_layer.windowing import WindowSpec
 from shared.durations import format_duration
 from shared.metric_plan import MetricPlan, read_plans
 from shared.windows import point_source, window_start, window_starts
@@ -124,6 +128,8 @@ async def keys(
         f"narrow [start, end) to at most {settings.serving.max_cells} "
         f"{format_duration(base)} cells",
     )
+    if prefix is not None:
+        check_key_text("prefix", prefix)
     selection = selection_of(metric, request.query_params, ("start", "end", "prefix", "limit"))
     result, found = await view.keys(db, metric, start_ms, end_ms, prefix, selection)
     body = {
@@ -180,18 +186,11 @@ async def series(
     selection = selection_of(metric, request.query_params, SERIES_PARAMS, group_by)
     if not 1 <= limit <= settings.serving.max_groups:
         raise bad_request(f"limit must be between 1 and {settings.serving.max_groups}")
+    check_windows(settings, metric, spec, start_ms, end_ms)
     pre_rolled = step is None and tz is None and window_ms in metric.windows_ms
     key = selection.exact_key
     if key is None or not pre_rolled:
-        windows = spec.windows(start_ms, end_ms)
-        try:
-            spec.check_cells(windows, metric.base_window_ms)
-        except WindowError as exc:
-            raise bad_request(str(exc)) from None
-        span = windows[-1][1] - windows[0][0] if windows else 0
-        check_cells(
-            settings, span // metric.base_window_ms, "narrow [start, end) or use a larger window"
-        )
+        windows = windows_of(metric, spec, start_ms, end_ms)
         plan, read = answering_plan(settings, metric, selection)
         rolled_key = read.exact_key
         if rolled_key is not None and pre_rolled:  # one key of a rollup: its cached exact path
@@ -204,13 +203,9 @@ async def series(
         else:
             sliced = await view.sliced_series(db, plan, windows, read, options)
         return _sliced_answer(observer, metric, spec, selection, limit, sliced)
-    starts = window_starts(start_ms, end_ms, window_ms)
-    check_cells(
-        settings,
-        len(starts) * (window_ms // metric.base_window_ms),
-        "narrow [start, end) or use a larger window",
+    result = await view.series(
+        db, metric, window_ms, window_starts(start_ms, end_ms, window_ms), key, options
     )
-    result = await view.series(db, metric, window_ms, starts, key, options)
     observer.observe_merge("series", result.batch_cells, result.speed_states)
     if result.speed_status == "unavailable":
         observer.speed_unavailable.inc()
@@ -265,6 +260,7 @@ async def top(
     )
     start_ms = window_start(at_ms, window_ms)
     end_ms = start_ms + window_ms
+    check_supported(start_ms, end_ms, "the window holding `at`", "send a smaller window")
     plan, read = answering_plan(settings, metric, selection)
     result, ranked = await view.top(db, plan, window_ms, start_ms, ranking, read)
     observer.observe_merge("top", result.batch_cells, result.speed_states)
