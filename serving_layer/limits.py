@@ -126,9 +126,9 @@ class RequestBudget:
     the pool); a sync route (the operator routes, in the thread pool) cannot be stopped, so
     it is left to finish and its answer is dropped (a run it queued stays queued). CPU work
     of an async route between awaits holds the event loop, and with it every answer, the 503
-    included, until it yields: the cell bounds keep that short. A request counts as in
-    flight until its work has ended, so work a timeout left running still sheds load. A
-    response that has started is not cut off."""
+    included, until it yields: long merges yield every 20 ms (`merged_view.LoopTurns`). A
+    request counts as in flight until its work has ended, so work a timeout left running
+    still sheds load. A response that has started is not cut off."""
 
     def __init__(self, app: ASGIApp, serving: ServingSettings, metrics: ServingMetrics) -> None:
         self.app = app
