@@ -27,7 +27,7 @@ MAX_EVENT_MS = 253_402_300_799_999
 MAX_TEXT_BYTES = 1024
 """The longest id or key dimension value, in UTF-8 bytes. Both are stored in PostgreSQL btree
 indexes (`dedup_ids`' and `batch_cells`' primary keys), whose entries are at most 2,704 bytes."""
-MAX_KEY_BYTES = 2048
+MAX_KEY_BYTES = 2 * MAX_TEXT_BYTES
 """The longest key, all its dimension values together (same reason as `MAX_TEXT_BYTES`)."""
 VALUE_LIMIT = 2.0**63
 """A value (or quantile field) must be smaller than this in magnitude, the range of a 64-bit
@@ -216,9 +216,10 @@ def parse_fields(
         return Malformed("id_missing", f"the id field {id_field!r} is missing")
     else:
         return Malformed("id_invalid", f"the id field {id_field!r} must be str or int")
-    fault = text_fault(event_id)
-    if fault is not None:
-        return Malformed(f"id_{fault}", f"the id field {id_field!r} {_FAULTS[fault]}")
+    if len(event_id) > _SURELY_SHORT or "\x00" in event_id:
+        fault = text_fault(event_id)
+        if fault is not None:
+            return Malformed(f"id_{fault}", f"the id field {id_field!r} {_FAULTS[fault]}")
     return fields, time_ms, event_id  # type: ignore[return-value]
 
 
@@ -255,7 +256,7 @@ _SKIPS = {
 
 
 def _canonical_all(
-    fields: dict[str, Any], names: tuple[str, ...], what: str
+    fields: dict[str, Any], names: tuple[str, ...], what: str, short: int = _SURELY_SHORT
 ) -> tuple[str, ...] | Skipped:
     """The canonical texts of the fields `names`, or the first failing one's skip reason."""
     texts = []
@@ -267,14 +268,20 @@ def _canonical_all(
             text = str(item)
         else:
             return _SKIPS[f"{what}_missing" if name not in fields else f"{what}_invalid"]
-        if "\x00" in text or len(text) > _SURELY_SHORT:
+        if len(text) > short or "\x00" in text:
             fault = text_fault(text)
             if fault is not None:
                 return _SKIPS[f"{what}_{fault}"]
         texts.append(text)
-    if sum(map(len, texts)) > MAX_KEY_BYTES // 4 and len("".join(texts).encode()) > MAX_KEY_BYTES:
+    if len(texts) > 2 and _key_too_long(texts):  # two texts that passed always fit
         return _SKIPS[f"{what}_too_long"]
     return tuple(texts)
+
+
+def _key_too_long(texts: list[str]) -> bool:
+    return (
+        sum(map(len, texts)) > MAX_KEY_BYTES // 4 and len("".join(texts).encode()) > MAX_KEY_BYTES
+    )
 
 
 def _finite(raw: Any) -> float | None:
@@ -331,6 +338,7 @@ def metric_inputs(
     one_dim = dims[0] if len(dims) == 1 else None
     one_text = inputs[0].field if len(inputs) == 1 and not inputs[0].number else None
     value: float | None = None
+    low, high, short = -VALUE_LIMIT, VALUE_LIMIT, _SURELY_SHORT
     for fields in events_fields:
         if one_dim is not None:
             item = fields.get(one_dim)
@@ -341,7 +349,7 @@ def metric_inputs(
             else:
                 yield _SKIPS["key_missing" if one_dim not in fields else "key_invalid"]
                 continue
-            if "\x00" in text or len(text) > _SURELY_SHORT:
+            if len(text) > short or "\x00" in text:
                 fault = text_fault(text)
                 if fault is not None:
                     yield _SKIPS[f"key_{fault}"]
@@ -359,7 +367,7 @@ def metric_inputs(
             if value is None:
                 yield _SKIPS["value_missing" if value_field not in fields else "value_invalid"]
                 continue
-            if not -VALUE_LIMIT < value < VALUE_LIMIT:
+            if not low < value < high:
                 yield _SKIPS["value_out_of_range"]
                 continue
         if one_text is not None:

@@ -416,30 +416,44 @@ def test_a_value_yaml_reads_as_a_date(monkeypatch: pytest.MonkeyPatch, tmp_path:
     assert "quote it" in message
 
 
-def test_validation_errors_name_the_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    content = DESIGN_EXAMPLE.replace("grace: 2m", "grace: 99999999999999999999d")
-    message = file_error(monkeypatch, tmp_path, content)
-    line = next(n for n, text in enumerate(content.splitlines(), 1) if "grace:" in text)
-    assert f"<file>:{line}: metrics.0.grace: '99999999999999999999d' is longer than" in message
-    assert "36500d" in message
-
-
-def test_full_width_digits_are_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    content = DESIGN_EXAMPLE.replace("windows: [1m, 1h, 1d]", "windows: [\uff11m, 1h, 1d]")
-    message = file_error(monkeypatch, tmp_path, content)
-    line = next(n for n, text in enumerate(content.splitlines(), 1) if "windows:" in text)
-    assert f"<file>:{line}: metrics.0.windows.0: '\uff11m' is not a duration" in message
-    assert "ASCII digits 0-9" in message
-
-
-def test_cron_out_of_range_names_field_and_range(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+@pytest.mark.parametrize(
+    ("written", "instead", "key", "words"),
+    [
+        (
+            "grace: 2m",
+            "grace: 99999999999999999999d",
+            "metrics.0.grace: '99999999999999999999d' is longer than",
+            "36500d",
+        ),
+        (
+            "windows: [1m, 1h, 1d]",
+            "windows: [\uff11m, 1h, 1d]",
+            "metrics.0.windows.0: '\uff11m' is not a duration",
+            "ASCII digits 0-9",
+        ),
+        (
+            "schedule: hourly",
+            "schedule: '61 * * * *'",
+            "batch.schedule: cron '61 * * * *', minute field '61'",
+            "outside 0-59",
+        ),
+    ],
+    ids=["absurd-duration", "full-width-digit", "cron-out-of-range"],
+)
+def test_validation_errors_name_the_line(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    written: str,
+    instead: str,
+    key: str,
+    words: str,
 ) -> None:
-    content = DESIGN_EXAMPLE.replace("schedule: hourly", "schedule: '61 * * * *'")
+    content = DESIGN_EXAMPLE.replace(written, instead)
     message = file_error(monkeypatch, tmp_path, content)
-    line = next(n for n, text in enumerate(content.splitlines(), 1) if "schedule:" in text)
-    assert f"<file>:{line}: batch.schedule: cron '61 * * * *', minute field '61'" in message
-    assert "outside 0-59" in message
+    setting = instead.split(":")[0]
+    line = next(n for n, text in enumerate(content.splitlines(), 1) if f"{setting}:" in text)
+    assert f"<file>:{line}: {key}" in message
+    assert words in message
 
 
 def test_a_missing_field_is_reported_at_its_mapping(
