@@ -4,7 +4,7 @@ characters, long strings, deep nesting, bytes that are not UTF-8) land between c
 history and the next run. Afterwards: no speed partition is stalled (every record applied, no
 stall reported), every dead letter says what is wrong, the next incremental run succeeds and
 moves W, both layers equal the oracle on every cell, and the API answers every query over the
-hostile data without a 5xx."""
+hostile data without a 5xx, under a 2 GiB memory cap."""
 
 from __future__ import annotations
 
@@ -14,13 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
-from fastapi.testclient import TestClient
 
 from batch_layer import execute_run
 from lambdactl.generator import GeneratorSpec, SampleRecord, generate, produce
-from serving_layer import create_app
 from serving_layer.timefmt import format_time
 from shared.db.runs import RunRequest
 from shared.kafka import create_topics
@@ -29,6 +28,7 @@ from tests import oracle
 from tests.batch.helpers import oracle_mismatches, queue, run_record, served_view
 from tests.conftest import Platform
 from tests.e2e.support import speed_mismatches_after_w
+from tests.serving.api_process import running_api
 from tests.speed.support import drain_with_worker, side_topic
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
@@ -169,8 +169,13 @@ def test_hostile_records_neither_stall_nor_fail_nor_corrupt(
         ("top", {"window": "1h", "at": format_time(now - 20 * MINUTE), "by": "p99"}),
         ("keys", {**day, "prefix": "/"}),
     ]
-    with TestClient(create_app(settings)) as client:
+    log = tmp_path / "serve.log"
+    with (
+        running_api(platform.env, log, capped=True) as (base, process),
+        httpx.Client(base_url=base, timeout=60) as client,
+    ):
         for route, params in queries:
             response = client.get(f"/v1/metrics/views_by_page/{route}", params=params)
             assert response.status_code == 200, (route, params, response.text)
             assert b"Infinity" not in response.content and b"NaN" not in response.content
+        assert process.poll() is None and "Traceback" not in log.read_text()

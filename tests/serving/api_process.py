@@ -4,6 +4,7 @@ its own (so its worker processes are stopped with it), its output in a log file.
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -34,12 +35,23 @@ def start_serve(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen[
         )
 
 
+MEMORY_CAP = 2 << 30
+"""The address space a memory-capped API gets (`running_api(capped=True)`): 2 GiB."""
+
+
 @contextmanager
 def running_api(
-    env: dict[str, str], log: Path, *args: str, ready: str = "/healthz", limit_s: float = 60
+    env: dict[str, str],
+    log: Path,
+    *args: str,
+    ready: str = "/healthz",
+    limit_s: float = 60,
+    capped: bool = False,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """The API's base URL and process once `ready` answers 200; stopped (SIGTERM, then
-    SIGKILL) with every process of its session afterwards."""
+    SIGKILL) with every process of its session afterwards. `capped`: its address space is
+    limited to `MEMORY_CAP` once it answers (RLIMIT_AS), so every request runs under the
+    cap and one that would take the machine's memory fails in the API instead."""
     port = free_port()
     process = start_serve(env, log, "--port", str(port), *args)
     base = f"http://127.0.0.1:{port}"
@@ -54,6 +66,8 @@ def running_api(
                 pass
             assert time.monotonic() < deadline, f"the API was not ready within {limit_s} s"
             time.sleep(0.2)
+        if capped:
+            resource.prlimit(process.pid, resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
         yield base, process
     finally:
         os.killpg(process.pid, signal.SIGTERM)
