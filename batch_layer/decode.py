@@ -1,6 +1,6 @@
 """Kafka record values → Arrow rows of the `lambda_kafka` source (see `kafka_source`).
 
-Two decoders that must agree ("Event validity" in DESIGN.md): the shared parser
+Two decoders that must agree ("Event validity" in docs/semantics.md): the shared parser
 (`shared.events`, one record at a time, the definition) and a `pyarrow.json` fast path for a
 whole block. The fast path only answers for blocks where it provably agrees; anything it
 cannot vouch for goes to the shared parser. It refuses a block when:

@@ -1,7 +1,7 @@
 """The local stack behind `lambdactl stack up|down|status`: Apache Kafka, Redis, PostgreSQL.
 
-Services already answering at the configured URLs are used as they are (DESIGN.md,
-"Components"); only missing ones are started, and only on this machine's loopback address. What
+Services already answering at the configured URLs are used as they are (README,
+"Local stack"); only missing ones are started, and only on this machine's loopback address. What
 we start keeps its data in `<data_dir>/<service>/`, its log in `<data_dir>/logs/` and its pid
 file in `<data_dir>/run/`, and runs in its own session so it outlives the command that started
 it. `stack down` stops only those processes (found by their pid files) and keeps the data.

@@ -1,4 +1,4 @@
-"""Event validity, exactly as DESIGN.md "Event validity" defines it, used by every layer.
+"""Event validity, exactly as docs/semantics.md "Event validity" defines it, used by every layer.
 
 `parse_record` decides source-level validity (malformed records are dead-lettered or counted);
 `metric_input` decides metric-level validity (the event is skipped for that metric only).

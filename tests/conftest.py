@@ -194,7 +194,7 @@ def drop_database(url: str, dbname: str, limit_s: float = 300.0) -> None:
 
 @pytest.fixture(scope="session")
 def spark(stack: Settings) -> Any:
-    """One in-process Spark session shared by the in-process tests (DESIGN.md budget)."""
+    """One in-process Spark session shared by the in-process tests (keeps CI in budget)."""
     from batch_layer import spark_session
 
     session = spark_session(stack)

@@ -1,4 +1,4 @@
-"""Brute-force reference for every layer's tests (DESIGN.md, "Event validity" and "Semantics").
+"""Brute-force reference for every layer's tests (docs/semantics.md: validity, the rules).
 
 Written independently of the project's code on purpose: it imports nothing from `shared`,
 `speed_layer`, `batch_layer`, `serving_layer` or `lambdactl`, so a bug there cannot hide in

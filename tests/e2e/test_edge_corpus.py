@@ -1,4 +1,4 @@
-"""One edge-case corpus through both layers and the oracle (DESIGN.md "Event validity"):
+"""One edge-case corpus through both layers and the oracle (docs/semantics.md "Event validity"):
 the speed layer's dead letters and cells, the batch layer's malformed/skipped counts and cells,
 and the brute-force oracle must all agree on every record."""
 

@@ -1,4 +1,4 @@
-"""Event validity (DESIGN.md "Event validity"): canonical values, event times, records, inputs."""
+"""Event validity (docs/semantics.md): canonical values, event times, records, inputs."""
 
 from __future__ import annotations
 
@@ -440,7 +440,7 @@ def test_an_id_the_batch_view_cannot_store_is_malformed(event_id: object, expect
     "literal", [b"1e999", b"-1e999", b"1" + b"0" * 400], ids=["1e999", "-1e999", "10**400"]
 )
 def test_number_too_large_for_a_double_is_a_metric_skip(literal: bytes) -> None:
-    """DESIGN: a value field that is "not a finite JSON number" skips the event for that
+    """docs/semantics.md: a value field that is "not a finite JSON number" skips the event for that
     metric only; the record is still source-valid and counts for the source's other metrics."""
     value = b'{"id": "e1", "ts": %d, "page": "p", "country": "nl", "user": "u", "lat": %s}' % (
         T0,

@@ -1,4 +1,4 @@
-"""Tumbling windows and the merge rule's composition (DESIGN.md "Semantics" rules 1 and 8)."""
+"""Tumbling windows and the merge rule's composition (rules 1 and 8 in docs/semantics.md)."""
 
 from __future__ import annotations
 
