@@ -13,6 +13,13 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from batch_layer.decode import InputLayout
+from batch_layer.defined_inputs import (
+    FILTERED,
+    item_column,
+    key_column,
+    value_column,
+    with_defined_inputs,
+)
 from batch_layer.errors import UnpackablePositionError
 from batch_layer.rebuild_index import RebuildIndex, next_rebuild_index
 from shared.aggregations import (
@@ -65,23 +72,36 @@ def metric_inputs(events: DataFrame, metrics: Sequence[MetricPlan]) -> DataFrame
     def texts(names: Sequence[str]) -> Column:
         return F.array(*[F.col(layout.text_column(name)) for name in names]).cast("array<string>")
 
-    def items(m: MetricPlan, kind: SketchKind) -> Column:
-        inputs = [m.sketch_inputs[slot] for slot in _slots_of_kind(m, kind)]
-        if kind.reads == "text":
-            return texts([i.field for i in inputs])
-        numbers = [F.col(layout.number_column(i.field)) for i in inputs]
-        return F.array(*numbers).cast("array<double>")
+    def key(i: int, m: MetricPlan) -> Column:
+        if m.definitions is None:
+            return texts(m.key)
+        dims = [F.col(key_column(i, d)) for d in range(len(m.key))]
+        return F.array(*dims).cast("array<string>")
+
+    def value(i: int, m: MetricPlan) -> Column:
+        if m.value is None:
+            return F.lit(None).cast("double")
+        return F.col(value_column(i) if m.definitions else layout.number_column(m.value))
+
+    def items(i: int, m: MetricPlan, kind: SketchKind) -> Column:
+        slots = _slots_of_kind(m, kind)
+        if m.definitions is not None:
+            columns = [F.col(item_column(i, slot)) for slot in slots]
+        elif kind.reads == "text":
+            columns = [F.col(layout.text_column(m.sketch_inputs[s].field)) for s in slots]
+        else:
+            columns = [F.col(layout.number_column(m.sketch_inputs[s].field)) for s in slots]
+        element = "string" if kind.reads == "text" else "double"
+        return F.array(*columns).cast(f"array<{element}>")
 
     per_metric = F.array(
         *[
             F.struct(
                 F.lit(m.name).alias("metric"),
                 F.lit(m.base_window_ms).cast("bigint").alias("window_ms"),
-                texts(m.key).alias("key"),
-                (F.lit(None) if m.value is None else F.col(layout.number_column(m.value)))
-                .cast("double")
-                .alias("value"),
-                *[items(m, kind).alias(f"in_{kind.name}") for kind in kinds],
+                key(i, m).alias("key"),
+                value(i, m).cast("double").alias("value"),
+                *[items(i, m, kind).alias(f"in_{kind.name}") for kind in kinds],
                 F.col(f"s{i}").alias("skipped"),
             )
             for i, m in enumerate(metrics)
@@ -346,7 +366,7 @@ def aggregate_source(
     rebuild index) and `seen_ids` (the id table lookup).
     Range runs pass `time_range`: only events in `[start, end)` are aggregated."""
     read = read_plans(metrics)
-    rows = rows.persist()
+    rows = with_defined_inputs(rows, read).persist()
     try:
         is_valid = F.col("malformed").isNull()
         is_fresh = _fresh(fresh_from)
@@ -357,7 +377,9 @@ def aggregate_source(
                 F.count(F.when(is_fresh, F.lit(1))).alias("rows_in"),
                 F.count(F.when(is_fresh, F.col("malformed"))).alias("malformed"),
                 *[
-                    F.count(F.when(is_fresh, F.col(f"s{i}"))).alias(f"s{i}")
+                    F.count(F.when(is_fresh & (F.col(f"s{i}") != FILTERED), F.lit(1))).alias(
+                        f"s{i}"
+                    )
                     for i in range(len(read))
                 ],
             )

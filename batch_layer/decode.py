@@ -45,7 +45,10 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from shared.config import SourceConfig
-from shared.events import MAX_KEY_BYTES, MAX_TEXT_BYTES
+from shared.events import MAX_KEY_BYTES, MAX_TEXT_BYTES, canonical, decode_json, finite_number
+from shared.expressions import MISSING, from_json, read_path
+from shared.expressions.evaluate import zone_offset_ms
+from shared.expressions.syntax import Call, Field, Node, walk
 from shared.metric_plan import MetricPlan
 
 _RECORD_FIELDS = [
@@ -55,6 +58,89 @@ _RECORD_FIELDS = [
     ("event_id", pa.string()),
     ("malformed", pa.string()),
 ]
+
+
+@dataclass(frozen=True)
+class RawRead:
+    """How the metrics with definitions (rule 10 in docs/semantics.md) read one JSON path: its
+    columns `r<j><part>` are computed in Python from the decoded event, and Spark evaluates the
+    expressions and checks the inputs over them (`batch_layer.expressions`)."""
+
+    path: tuple[str, ...]
+    typed: bool
+    """Read by an expression: the value's kind parts `b` (BOOLEAN), `i` (BIGINT), `d` (DOUBLE)
+    and `s` (STRING), as `shared.expressions.from_json` reads it."""
+    text: bool
+    """Read as a text input (a key dimension, a distinct field): its canonical text `c`."""
+    number: bool
+    """Read as a number input (the value, a quantiles field): its finite number `n`."""
+
+    @property
+    def parts(self) -> tuple[tuple[str, pa.DataType], ...]:
+        """(part, Arrow type) of the columns this read needs; `m` says the path is absent."""
+        parts: list[tuple[str, pa.DataType]] = []
+        if self.typed:
+            parts += [("b", pa.bool_()), ("i", pa.int64()), ("d", pa.float64()), ("s", pa.string())]
+        if self.text:
+            parts.append(("c", pa.string()))
+        if self.number:
+            parts.append(("n", pa.float64()))
+        if self.text or self.number:
+            parts.append(("m", pa.bool_()))
+        return tuple(parts)
+
+
+@dataclass(frozen=True)
+class ZoneRead:
+    """A zone's UTC offset at an instant a zoned date part reads (`hour(ts, 'Europe/Berlin')`):
+    the event time (`path` None) or a field. Computed in Python with the speed layer's tz
+    database (`shared.expressions.zone_offset_ms`), so both layers agree on every instant."""
+
+    path: tuple[str, ...] | None
+    zone: str
+
+
+def zone_reads(metrics: Sequence[MetricPlan]) -> tuple[ZoneRead, ...]:
+    """Every (instant, zone) the metrics' zoned date parts read, once."""
+    reads: dict[ZoneRead, None] = {}
+    for m in metrics:
+        for root in _roots(m):
+            for node in walk(root):
+                if isinstance(node, Call) and node.zone is not None:
+                    instant = node.args[0]
+                    path = instant.path if isinstance(instant, Field) else None
+                    reads[ZoneRead(path, node.zone)] = None
+    return tuple(reads)
+
+
+def _roots(metric: MetricPlan) -> list[Node]:
+    """The expressions of a metric's definitions (none without)."""
+    definitions = metric.definitions
+    if definitions is None:
+        return []
+    roots = [node for _, node in definitions.fields]
+    return roots if definitions.where is None else [*roots, definitions.where]
+
+
+def raw_reads(metrics: Sequence[MetricPlan]) -> tuple[RawRead, ...]:
+    """Every JSON path the metrics with definitions read, once, with all the ways they read
+    it."""
+    typed: dict[tuple[str, ...], None] = {}
+    texts: dict[tuple[str, ...], None] = {}
+    numbers: dict[tuple[str, ...], None] = {}
+    for m in metrics:
+        definitions = m.definitions
+        if definitions is None:
+            continue
+        for root in _roots(m):
+            typed.update((n.path, None) for n in walk(root) if isinstance(n, Field))
+        for names, into in ((m.text_inputs, texts), (m.number_inputs, numbers)):
+            for name in names:
+                node = definitions.reference(name)
+                if isinstance(node, Field):
+                    into[node.path] = None
+    paths = dict.fromkeys([*typed, *texts, *numbers])
+    return tuple(RawRead(p, p in typed, p in texts, p in numbers) for p in paths)
 
 
 @dataclass(frozen=True)
@@ -70,12 +156,22 @@ class InputLayout:
     texts: tuple[str, ...]
     numbers: tuple[str, ...]
     metric_count: int
+    raw: tuple[RawRead, ...] = ()
+    """The JSON paths metrics with definitions read (their columns follow the skip reasons)."""
+    zones: tuple[ZoneRead, ...] = ()
+    """The zone offsets their zoned date parts read (columns `z<k>`, after the raw reads')."""
 
     @classmethod
     def of(cls, metrics: Sequence[MetricPlan]) -> InputLayout:
         texts = [name for m in metrics for name in m.text_fields]
         numbers = [name for m in metrics for name in m.number_fields]
-        return cls(tuple(dict.fromkeys(texts)), tuple(dict.fromkeys(numbers)), len(metrics))
+        return cls(
+            tuple(dict.fromkeys(texts)),
+            tuple(dict.fromkeys(numbers)),
+            len(metrics),
+            raw_reads(metrics),
+            zone_reads(metrics),
+        )
 
     def text_column(self, field: str) -> str:
         return f"t{self.texts.index(field)}"
@@ -83,15 +179,31 @@ class InputLayout:
     def number_column(self, field: str) -> str:
         return f"n{self.numbers.index(field)}"
 
+    def raw_column(self, path: tuple[str, ...], part: str) -> str:
+        """The column of one part (see `RawRead.parts`) of a path's read."""
+        return f"r{[r.path for r in self.raw].index(path)}{part}"
+
+    def zone_column(self, path: tuple[str, ...] | None, zone: str) -> str:
+        """The column of a zone's offsets at the event time (`path` None) or a field."""
+        return f"z{self.zones.index(ZoneRead(path, zone))}"
+
+    def raw_fields(self) -> list[tuple[str, pa.DataType]]:
+        """The raw reads' and zone reads' columns, in order."""
+        fields = [
+            (f"r{j}{part}", kind) for j, read in enumerate(self.raw) for part, kind in read.parts
+        ]
+        return fields + [(f"z{k}", pa.int64()) for k in range(len(self.zones))]
+
     def arrow_schema(self) -> pa.Schema:
-        """One row per record: the record's columns, the text and number columns, then the
-        skip reasons."""
+        """One row per record: the record's columns, the text and number columns, the skip
+        reasons, then the raw reads' columns."""
         return pa.schema(
             [
                 *_RECORD_FIELDS,
                 *[(f"t{j}", pa.string()) for j in range(len(self.texts))],
                 *[(f"n{j}", pa.float64()) for j in range(len(self.numbers))],
                 *[(f"s{i}", pa.string()) for i in range(self.metric_count)],
+                *self.raw_fields(),
             ]
         )
 
@@ -101,6 +213,7 @@ class InputLayout:
 
 
 _SPARK_TYPES = {
+    pa.bool_(): "BOOLEAN",
     pa.int32(): "INT",
     pa.int64(): "BIGINT",
     pa.float64(): "DOUBLE",
@@ -142,7 +255,7 @@ class Decoder:
             if fields.setdefault(name, kind) != kind:
                 self.fast = False  # a field read both as text and as a number (or time)
         self._fields = fields
-        self._multi_keys = [m.key for m in self.metrics if len(m.key) > 1]
+        self._multi_keys = [m.key for m in self.metrics if m.definitions is None and len(m.key) > 1]
         self.schema = pa.schema(list(fields.items()))
         self.arrow_schema = self.layout.arrow_schema()
         self.parse_options = pj.ParseOptions(
@@ -161,8 +274,18 @@ class Decoder:
         create_times: Sequence[int],
         values: Sequence[bytes | None],
     ) -> Iterator[pa.RecordBatch]:
-        if offsets:
+        if not offsets:
+            return
+        if not self.layout.raw and not self.layout.zones:
             yield from self._decode(partition, offsets, create_times, values, screened=False)
+            return
+        at = 0
+        for batch in self._decode(partition, offsets, create_times, values, screened=False):
+            times = batch.column("time_ms").to_pylist()
+            raw = _raw_columns(self.layout, values[at : at + batch.num_rows], times)
+            at += batch.num_rows
+            columns = batch.columns[: batch.num_columns - len(raw)] + raw
+            yield pa.RecordBatch.from_arrays(columns, schema=self.arrow_schema)
 
     def _decode(
         self,
@@ -350,6 +473,7 @@ class Decoder:
         columns += [table.column(name).combine_chunks() for name in self.layout.texts]
         columns += [table.column(name).combine_chunks() for name in self.layout.numbers]
         columns += [pa.nulls(n, pa.string())] * len(self.metrics)
+        columns += [pa.nulls(n, kind) for _, kind in self.layout.raw_fields()]
         return pa.RecordBatch.from_arrays(columns, schema=self.arrow_schema)
 
     def _slow(
@@ -380,7 +504,7 @@ class _RowBuilder:
         first = len(_RECORD_FIELDS)
         numbers = first + len(layout.texts)
         self.skip_columns = [numbers + len(layout.numbers) + i for i in range(len(metrics))]
-        self.targets = [
+        self.targets: list[tuple[list[int], int | None, list[int]]] = [
             (
                 [first + layout.texts.index(name) for name in m.key],
                 None if m.value is None else numbers + layout.numbers.index(m.value),
@@ -391,11 +515,13 @@ class _RowBuilder:
                     for i in m.sketch_inputs
                 ],
             )
+            if m.definitions is None
+            else ([], None, [])  # read in Spark from the raw reads' columns
             for m in metrics
         ]
 
     def add(self, partition: int, offset: int, create_time_ms: int, value: bytes | None) -> None:
-        from shared.events import Malformed, Skipped, metric_input, parse_record
+        from shared.events import Malformed, MetricInput, Skipped, metric_input, parse_record
 
         event = parse_record(value, create_time_ms, self.source)
         row: list[Any] = [None] * len(self.columns)
@@ -407,10 +533,13 @@ class _RowBuilder:
             for metric, skip, (keys, value_at, sketch_fields) in zip(
                 self.metrics, self.skip_columns, self.targets, strict=True
             ):
+                if metric.definitions is not None:
+                    continue
                 contribution = metric_input(event, metric)
                 if isinstance(contribution, Skipped):
                     row[skip] = contribution.reason
                     continue
+                assert isinstance(contribution, MetricInput)
                 for at, text in zip(keys, contribution.key, strict=True):
                     row[at] = text
                 for at, item in zip(sketch_fields, contribution.sketch_items, strict=True):
@@ -426,3 +555,45 @@ class _RowBuilder:
             for column, field in zip(self.columns, self.schema, strict=True)
         ]
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
+def _raw_columns(
+    layout: InputLayout, values: Sequence[bytes | None], times: Sequence[int | None]
+) -> list[pa.Array]:
+    """The raw reads' and zone reads' columns of `values` (a record that is not a JSON object
+    reads as one without fields; its row is malformed anyway)."""
+    columns: list[list[Any]] = []
+    readers = []
+    for read in layout.raw:
+        parts = {part: len(columns) + k for k, (part, _) in enumerate(read.parts)}
+        columns += [[] for _ in read.parts]
+        readers.append((read.path, parts))
+    offsets: list[list[int | None]] = [[] for _ in layout.zones]
+    for value, time_ms in zip(values, times, strict=True):
+        try:
+            event = decode_json(value) if value is not None else None
+        except (ValueError, RecursionError):
+            event = None
+        if type(event) is not dict:
+            event = {}
+        for path, parts in readers:
+            raw = read_path(event, path)
+            if "b" in parts:
+                typed = from_json(raw)
+                kind = type(typed)
+                columns[parts["b"]].append(typed if kind is bool else None)
+                columns[parts["i"]].append(typed if kind is int else None)
+                columns[parts["d"]].append(typed if kind is float else None)
+                columns[parts["s"]].append(typed if kind is str else None)
+            if "c" in parts:
+                columns[parts["c"]].append(canonical(raw))
+            if "n" in parts:
+                columns[parts["n"]].append(finite_number(raw))
+            if "m" in parts:
+                columns[parts["m"]].append(raw is MISSING)
+        for zone, into in zip(layout.zones, offsets, strict=True):
+            instant = time_ms if zone.path is None else from_json(read_path(event, zone.path))
+            into.append(zone_offset_ms(instant, zone.zone))
+    kinds = [kind for read in layout.raw for _, kind in read.parts]
+    arrays = [pa.array(column, type=kind) for column, kind in zip(columns, kinds, strict=True)]
+    return arrays + [pa.array(column, type=pa.int64()) for column in offsets]

@@ -16,6 +16,8 @@ from shared.errors import LambdaError
 from shared.kafka import client_config
 
 PAGES = [f"/page/{i}" for i in range(40)] + ["/", "/search", "/cart", "/checkout"]
+COUNTRIES = ["de", "fr", "us", "in", "br", "jp", "gb"]
+"""A nested `geo.country`, for metrics reading a nested field (rule 10 in docs/semantics.md)."""
 
 
 @dataclass(frozen=True)
@@ -63,12 +65,15 @@ def generate(spec: GeneratorSpec) -> Iterator[SampleRecord]:
         if rng.random() < spec.malformed_fraction:
             yield SampleRecord(event_id.encode(), _malformed(rng, ts))
             continue
+        page = rng.choices(PAGES, weights)[0]
+        user = int(rng.paretovariate(1.2)) % 5000
         payload = {
             "ts": ts,
             "event_id": event_id,
-            "page": rng.choices(PAGES, weights)[0],
-            "user_id": f"u{int(rng.paretovariate(1.2)) % 5000}",
+            "page": page,
+            "user_id": f"u{user}",
             "latency_ms": round(rng.lognormvariate(4.0, 0.6), 3),
+            "geo": {"country": COUNTRIES[user % len(COUNTRIES)]},  # a user's, no draw
         }
         record = SampleRecord(event_id.encode(), orjson.dumps(payload))
         yield record

@@ -52,6 +52,13 @@ class MetricInfo(BaseModel):
         description="key subsets pre-aggregated: a query keeping only these dimensions (as "
         "filters or group_by) is answered from them"
     )
+    fields: dict[str, str] = Field(
+        default_factory=dict,
+        description="computed fields (name: SQL expression), usable like event fields",
+    )
+    where: str | None = Field(
+        default=None, description="the filter: only events for which it is TRUE are counted"
+    )
 
 
 class MetricList(BaseModel):

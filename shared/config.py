@@ -48,6 +48,19 @@ RESERVED_DIMENSIONS = frozenset(
 """Query parameter names (the query API's own and those slicing queries take)."""
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_\-]{0,62}")
 _FIELD = re.compile(r"[^\s]{1,128}")
+_COMPUTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+def _pairs(value: object) -> object:
+    """A YAML mapping of computed fields as (name, expression) pairs, sorted by name: their
+    order means nothing (each is evaluated after the fields it reads), so it changes neither
+    the metric's version nor anything else. Every expression must be text."""
+    if isinstance(value, Mapping):
+        for name, text in value.items():
+            if not isinstance(text, str):
+                raise ValueError(f'fields.{name}: write the expression as text, e.g. "a * 100"')
+        return tuple(sorted(value.items()))
+    return value
 
 
 def _check_name(value: str, what: str) -> str:
@@ -91,6 +104,11 @@ class MetricConfig(_Strict):
 
     name: str
     source: str
+    fields: Annotated[tuple[tuple[str, str], ...], BeforeValidator(_pairs)] = ()
+    """Computed fields: (name, SQL expression) by name; the YAML writes a mapping (rule 10 in
+    docs/semantics.md)."""
+    where: str | None = None
+    """A condition (rule 10): the metric counts an event only when it is TRUE."""
     key: tuple[str, ...] = ()
     value: str | None = None
     aggregations: tuple[str, ...] = ("count",)
@@ -104,6 +122,30 @@ class MetricConfig(_Strict):
     @classmethod
     def _valid_name(cls, value: str) -> str:
         return _check_name(value, "metric name")
+
+    @field_validator("fields")
+    @classmethod
+    def _valid_fields(cls, fields: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        from shared.expressions import compile_definitions
+
+        for name, _ in fields:
+            if not _COMPUTED.fullmatch(name) or name in RESERVED_DIMENSIONS:
+                raise ValueError(
+                    f"computed field name {name!r} must be a letter or '_' followed by letters, "
+                    "digits or '_', and not a query parameter "
+                    f"({', '.join(sorted(RESERVED_DIMENSIONS))})"
+                )
+        compile_definitions(None, dict(fields), None)
+        return fields
+
+    @field_validator("where")
+    @classmethod
+    def _valid_where(cls, where: str | None, info: ValidationInfo) -> str | None:
+        from shared.expressions import compile_definitions
+
+        if where is not None:
+            compile_definitions(where, dict(info.data.get("fields", ())), None)
+        return where
 
     @field_validator("key")
     @classmethod
@@ -473,6 +515,7 @@ class Settings(BaseSettings):
                     f"metric {metric.name!r} names source {metric.source!r}, which is not "
                     f"configured; configured sources: {names or 'none'}"
                 )
+            _check_expressions(metric, self.source(metric.source))
         return self
 
     def source(self, name: str) -> SourceConfig:
@@ -494,6 +537,23 @@ class Settings(BaseSettings):
 
     def plans_of(self, source: SourceConfig) -> tuple[MetricPlan, ...]:
         return tuple(p for p in self.plans.values() if p.source.name == source.name)
+
+
+def _check_expressions(metric: MetricConfig, source: SourceConfig) -> None:
+    """What a metric's expressions can only be checked against with its source: the time field
+    is the event time there (a BIGINT), and no computed field may take its name."""
+    from shared.expressions import compile_definitions
+
+    fields = dict(metric.fields)
+    if source.time_field in fields:
+        raise ValueError(
+            f"metric {metric.name!r}: fields.{source.time_field}: the source's time field "
+            "already has that name (the event time); name the computed field differently"
+        )
+    try:
+        compile_definitions(metric.where, fields, source.time_field)
+    except ValueError as exc:
+        raise ValueError(f"metric {metric.name!r}: {exc}") from None
 
 
 def _config_path() -> str:

@@ -10,14 +10,17 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 import orjson
 
 from shared.config import SourceConfig
+from shared.expressions import MISSING, Emitter, split_path
+from shared.expressions.syntax import Computed, EventTime
 from shared.metric_plan import MetricPlan, SketchInput
 
 # Python's datetime range, so every valid event time is also a valid Spark/PostgreSQL timestamp.
@@ -55,26 +58,39 @@ def decode_json(value: bytes) -> object:
     """Decode a record value as strict JSON; raise ValueError when it is not.
 
     orjson is the fast path. It rejects numbers that overflow a double (`1e400`) and reads
-    integers beyond 64 bits as floats; in both cases the text is valid JSON, so the standard
-    library re-reads it exactly (`1e400` becomes inf, a skip for the value field; a huge integer
-    keeps its digits, a valid dimension). `NaN`/`Infinity` and lone surrogates are not JSON;
-    nesting too deep for the decoders raises RecursionError."""
+    integers beyond 64 bits as floats (at any depth); in both cases the text is valid JSON, so
+    the standard library re-reads it exactly (`1e400` becomes inf, a skip for the value field;
+    a huge integer keeps its digits, a valid dimension). `NaN`/`Infinity` and lone surrogates
+    are not JSON; nesting too deep for the decoders raises RecursionError."""
     try:
         decoded = orjson.loads(value)
     except orjson.JSONDecodeError:
         pass
     else:
-        if type(decoded) is not dict:
-            return decoded
-        limit = _EXACT_INT_LIMIT
-        for v in decoded.values():
-            if type(v) is float and not -limit < v < limit:
-                break
-        else:
+        if type(decoded) is not dict or not _may_be_inexact(decoded.values()):
             return decoded
     decoded = json.loads(value.decode("utf-8"), parse_constant=_reject_constant)
     json.dumps(decoded, ensure_ascii=False).encode("utf-8")  # lone surrogates raise here
     return decoded
+
+
+def _may_be_inexact(values: Iterable[object]) -> bool:
+    """Whether orjson may have read an integer beyond 64 bits as a float: a float at or beyond
+    2**63 anywhere, nested objects and arrays included (dotted paths reach those). Iterative:
+    orjson accepts nesting deeper than Python's recursion limit."""
+    limit = _EXACT_INT_LIMIT
+    pending = [values]
+    while pending:
+        for v in pending.pop():
+            kind = type(v)
+            if kind is float:
+                if not -limit < v < limit:  # type: ignore[operator]
+                    return True
+            elif kind is dict:
+                pending.append(v.values())  # type: ignore[attr-defined]
+            elif kind is list:
+                pending.append(v)  # type: ignore[arg-type]
+    return False
 
 
 class Malformed(NamedTuple):
@@ -97,6 +113,14 @@ class SourceEvent:
     fields: dict[str, Any]
     time_ms: int
     event_id: str | None
+
+
+class Filtered(NamedTuple):
+    """An event a metric's `where` does not select (rule 10): not counted by that metric, and
+    neither skipped nor late for it."""
+
+
+FILTERED = Filtered()
 
 
 class MetricInput(NamedTuple):
@@ -239,10 +263,10 @@ def text_fault(text: str) -> str | None:
     return None
 
 
-def metric_input(event: SourceEvent, metric: MetricPlan) -> MetricInput | Skipped:
+def metric_input(event: SourceEvent, metric: MetricPlan) -> MetricInput | Skipped | Filtered:
     """Metric-level validity: the event's canonical key, value and distinct values."""
-    for contribution in metric_inputs((event.fields,), metric):
-        if type(contribution) is Skipped:
+    for contribution in metric_inputs((event.fields,), metric, (event.time_ms,)):
+        if type(contribution) is Skipped or type(contribution) is Filtered:
             return contribution
         return MetricInput(*contribution)
     raise AssertionError("metric_inputs yields one result per event")
@@ -284,7 +308,7 @@ def _key_too_long(texts: list[str]) -> bool:
     )
 
 
-def _finite(raw: Any) -> float | None:
+def finite_number(raw: Any) -> float | None:
     """A JSON number as a finite float (booleans, non-numbers and overflows are None)."""
     if type(raw) is float:
         return raw if math.isfinite(raw) else None
@@ -311,7 +335,7 @@ def _sketch_items(
         raw = fields.get(slot.field)
         item: str | float | None
         if slot.number:
-            item = _finite(raw)
+            item = finite_number(raw)
             if item is not None and not in_range(item):
                 return Skipped(slot.out_of_range)
         elif type(raw) is str:
@@ -327,11 +351,15 @@ def _sketch_items(
 
 
 def metric_inputs(
-    events_fields: Iterable[dict[str, Any]], metric: MetricPlan
-) -> Iterator[InputFields | Skipped]:
-    """`metric_input` over many events' fields, one result per event, as plain tuples: the one
-    definition of metric-level validity (checked in order: key dimensions, value, sketch
-    fields), shaped for hot loops: no object per event, one generator step per event."""
+    events_fields: Iterable[dict[str, Any]], metric: MetricPlan, times: Iterable[int] = ()
+) -> Iterator[InputFields | Skipped | Filtered]:
+    """`metric_input` over many events' fields (and times, which a metric with `definitions`
+    reads), one result per event, as plain tuples: the one definition of metric-level validity
+    (checked in order: `where`, key dimensions, value, sketch fields), shaped for hot loops: no
+    object per event, one generator step per event."""
+    if metric.definitions is not None:
+        yield from _defined_inputs(events_fields, times, metric)
+        return
     dims = metric.key
     value_field = metric.value
     inputs = metric.sketch_inputs
@@ -363,7 +391,7 @@ def metric_inputs(
                 yield key
                 continue
         if value_field is not None:
-            value = _finite(fields.get(value_field))
+            value = finite_number(fields.get(value_field))
             if value is None:
                 yield _SKIPS["value_missing" if value_field not in fields else "value_invalid"]
                 continue
@@ -387,3 +415,117 @@ def metric_inputs(
                 yield items
                 continue
         yield key, value, items
+
+
+def _absent(raw: Any, computed: bool) -> bool:
+    """Whether an unusable input is missing (a raw field the event lacks, a computed field that
+    is NULL) rather than invalid."""
+    return raw is MISSING or (computed and raw is None)
+
+
+@lru_cache(maxsize=64)
+def _defined_program(
+    metric: MetricPlan,
+) -> Callable[
+    [Iterable[dict[str, Any]], Iterable[int]], Iterator[InputFields | Skipped | Filtered]
+]:
+    """`metric_inputs` of a metric with `definitions`, as one generated function
+    (`shared.expressions.pycode`): computed fields evaluated once per event, then `where`,
+    then each input checked as a raw field is — `canonical` text, `finite_number` numbers,
+    in `metric_inputs`' order (a computed field that is NULL is missing; a computed BOOLEAN is
+    invalid, and so is a DOUBLE where text is read)."""
+    definitions = metric.definitions
+    assert definitions is not None
+    emit = Emitter()
+    emit.namespace.update(
+        FILTERED=FILTERED,
+        Skipped=Skipped,
+        _SKIPS=_SKIPS,
+        _absent=_absent,
+        _canonical=canonical,
+        _finite=finite_number,
+        _text_fault=text_fault,
+        _key_too_long=_key_too_long,
+        _in_range=in_range,
+    )
+
+    def read(name: str) -> tuple[str, bool]:
+        """Write the read of an input; (its local, whether it is a computed field)."""
+        node = definitions.reference(name)
+        if isinstance(node, Computed):
+            return emit.computed[name], True
+        if isinstance(node, EventTime):
+            return "t", False
+        local = emit.local()
+        path = split_path(name)
+        source = (
+            f"f.get({path[0]!r}, MISSING)"
+            if len(path) == 1
+            else f"_read_path(f, {emit.constant(path)})"
+        )
+        emit.line(f"{local} = {source}")
+        return local, False
+
+    def skip(reason: str) -> None:
+        emit.line(f"yield {reason}")
+        emit.line("continue")
+
+    with emit.block("for f, t in zip(events, times, strict=True)"):
+        for name, node in definitions.fields:
+            value = emit.value(node)
+            local = emit.local()
+            emit.line(f"{local} = {value}")
+            emit.computed[name] = local
+        if definitions.where is not None:
+            with emit.block(f"if {emit.value(definitions.where)} is not True"):
+                skip("FILTERED")
+        texts = []
+        for name in metric.key:
+            raw, computed = read(name)
+            text = emit.local()
+            texts.append(text)
+            emit.line(f"{text} = _canonical({raw})")
+            with emit.block(f"if {text} is None"):
+                skip(f"_SKIPS['key_missing' if _absent({raw}, {computed}) else 'key_invalid']")
+            with emit.block(f"if len({text}) > {_SURELY_SHORT} or '\\x00' in {text}"):
+                emit.line(f"_fault = _text_fault({text})")
+                with emit.block("if _fault is not None"):
+                    skip("_SKIPS['key_' + _fault]")
+        if len(texts) > 2:
+            with emit.block(f"if _key_too_long([{', '.join(texts)}])"):
+                skip("_SKIPS['key_too_long']")
+        number = "None"
+        if metric.value is not None:
+            raw, computed = read(metric.value)
+            number = emit.local()
+            emit.line(f"{number} = _finite({raw})")
+            with emit.block(f"if {number} is None"):
+                skip(f"_SKIPS['value_missing' if _absent({raw}, {computed}) else 'value_invalid']")
+            with emit.block(f"if not _in_range({number})"):
+                skip("_SKIPS['value_out_of_range']")
+        items = []
+        for slot in metric.sketch_inputs:
+            raw, computed = read(slot.field)
+            item = emit.local()
+            items.append(item)
+            emit.line(f"{item} = {'_finite' if slot.number else '_canonical'}({raw})")
+            missing, invalid = (
+                emit.constant(Skipped(slot.missing)),
+                emit.constant(Skipped(slot.invalid)),
+            )
+            with emit.block(f"if {item} is None"):
+                skip(f"{missing} if _absent({raw}, {computed}) else {invalid}")
+            if slot.number:
+                with emit.block(f"if not _in_range({item})"):
+                    skip(emit.constant(Skipped(slot.out_of_range)))
+        key = f"({', '.join(texts)},)" if texts else "()"
+        sketch = f"({', '.join(items)},)" if items else "()"
+        emit.line(f"yield {key}, {number}, {sketch}")
+    return emit.function("metric_inputs", "events, times")
+
+
+def _defined_inputs(
+    events_fields: Iterable[dict[str, Any]], times: Iterable[int], metric: MetricPlan
+) -> Iterator[InputFields | Skipped | Filtered]:
+    """`metric_inputs` of a metric with `definitions` (`_defined_program`)."""
+    return _defined_program(metric)(events_fields, times)

@@ -18,6 +18,7 @@ import orjson
 
 from shared.aggregations import AggregationSet, SketchKind, parse_aggregation
 from shared.config import MetricConfig, SourceConfig
+from shared.expressions import Definitions, compile_definitions
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,10 @@ class MetricPlan:
     rollups: tuple[tuple[str, ...], ...] = ()
     """The key subsets pre-aggregated for this metric, each stored as its own plan (named by
     `rollup_name`)."""
+    definitions: Definitions | None = None
+    """The metric's computed fields and filter (rule 10 in docs/semantics.md), when it has any
+    or reads a nested field: then every input (`key`, `value`, the sketches' fields) is read
+    through them. None for a metric of raw top-level fields only."""
     rollup: Rollup | None = None
     """Set on a rollup's own plan: whose cells it merges over the dimensions it leaves out."""
 
@@ -63,18 +68,30 @@ class MetricPlan:
         return self.aggregations.output_names()
 
     @property
-    def text_fields(self) -> tuple[str, ...]:
-        """The fields read as canonical text (key dimensions, then text-fed sketches), once
+    def text_inputs(self) -> tuple[str, ...]:
+        """The names read as canonical text (key dimensions, then text-fed sketches), once
         each."""
         texts = (s.field for s in self.sketch_inputs if not s.number)
         return tuple(dict.fromkeys((*self.key, *texts)))
 
     @property
-    def number_fields(self) -> tuple[str, ...]:
-        """The fields read as finite numbers (the value, then number-fed sketches), once each."""
+    def number_inputs(self) -> tuple[str, ...]:
+        """The names read as finite numbers (the value, then number-fed sketches), once each."""
         value = () if self.value is None else (self.value,)
         numbers = (s.field for s in self.sketch_inputs if s.number)
         return tuple(dict.fromkeys((*value, *numbers)))
+
+    @property
+    def text_fields(self) -> tuple[str, ...]:
+        """`text_inputs` when they are raw top-level fields; none when the inputs are read
+        through `definitions`."""
+        return () if self.definitions is not None else self.text_inputs
+
+    @property
+    def number_fields(self) -> tuple[str, ...]:
+        """`number_inputs` when they are raw top-level fields; none when the inputs are read
+        through `definitions`."""
+        return () if self.definitions is not None else self.number_inputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,10 +143,11 @@ def _version(
     metric: MetricConfig, source: SourceConfig, rollup: tuple[str, ...] | None = None
 ) -> str:
     """The one hash of a metric's definition in the code base; see `MetricPlan.version`. A
-    metric without rollups hashes as it did before rollups existed; a rollup's plan hashes its
-    parent's definition and its dimensions."""
+    metric without rollups, computed fields or a filter hashes as it did before those keys
+    existed; a rollup's plan hashes its parent's definition and its dimensions."""
+    unset = {name for name in ("rollups", "fields", "where") if not getattr(metric, name)}
     definition: dict[str, object] = {
-        "metric": metric.model_dump(mode="json", exclude=set() if metric.rollups else {"rollups"}),
+        "metric": metric.model_dump(mode="json", exclude=unset),
         "source": source.model_dump(mode="json", exclude={"partitions"}),
         "validity": VALIDITY_REVISION,
     }
@@ -159,6 +177,10 @@ def compile_plan(metric: MetricConfig, source: SourceConfig) -> MetricPlan:
         for a in aggregations.sketched
         if a.field is not None and a.kind is not None
     )
+    inputs_read = (*metric.key, *value, *(i.field for i in inputs))
+    definitions = None
+    if metric.fields or metric.where is not None or any("." in name for name in inputs_read):
+        definitions = compile_definitions(metric.where, dict(metric.fields), source.time_field)
     return MetricPlan(
         name=metric.name,
         version=_version(metric, source),
@@ -171,8 +193,9 @@ def compile_plan(metric: MetricConfig, source: SourceConfig) -> MetricPlan:
         windows_ms=windows,
         grace_ms=metric.grace,
         sketch_inputs=inputs,
-        fields_read=tuple(dict.fromkeys((*metric.key, *value, *(i.field for i in inputs)))),
+        fields_read=tuple(dict.fromkeys(inputs_read)),
         rollups=metric.rollups,
+        definitions=definitions,
     )
 
 

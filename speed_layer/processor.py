@@ -27,6 +27,7 @@ from typing import Any, NamedTuple, Protocol
 from shared.aggregations import decode_state, encode_state, fold_inputs
 from shared.config import Settings, SourceConfig
 from shared.events import (
+    Filtered,
     InputFields,
     Malformed,
     Skipped,
@@ -309,6 +310,7 @@ def decide(
     outcome.duplicates = duplicates
 
     late_for: dict[int, list[str]] = {}
+    times = [item[1] for item in live] if any(m.definitions for m in plan.metrics) else []
     groups: list[dict[tuple[int, tuple[str, ...]], list[InputFields]]] = []
     by_name: dict[str, dict[tuple[int, tuple[str, ...]], list[InputFields]]] = {}
     for metric in plan.metrics:
@@ -326,10 +328,12 @@ def decide(
         skipped: Counter[str] = Counter()
         late = 0
         for (index, time_ms, as_of, _), contribution in zip(
-            live, metric_inputs(live_fields, metric), strict=True
+            live, metric_inputs(live_fields, metric, times), strict=True
         ):
             if type(contribution) is Skipped:
                 skipped[contribution.reason] += 1
+                continue
+            if type(contribution) is Filtered:
                 continue
             start = time_ms - time_ms % base
             if as_of != as_of_seen:  # the stream time moves only on a new maximum
@@ -342,7 +346,7 @@ def decide(
                 else:
                     names.append(name)
                 continue
-            cells[(start, contribution[0])].append(contribution)  # type: ignore[index,arg-type]
+            cells[(start, contribution[0])].append(contribution)  # type: ignore[index,arg-type,misc]
         if late:
             outcome.late_by_metric[name] += late
         for reason, n in skipped.items():

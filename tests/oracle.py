@@ -50,6 +50,8 @@ from fractions import Fraction
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from tests import expression_duckdb
+
 Cell = tuple[str, int, int, tuple[str, ...]]
 """(metric name, window size in ms, window start in epoch ms, canonical key values)."""
 
@@ -119,6 +121,15 @@ class _Metric:
     quantile_field: str | None
     windows_ms: list[int]
     grace_ms: int
+    where: str | None = None
+    fields: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def defined(self) -> bool:
+        """Whether the inputs are read through `where`/`fields` or nested paths (rule 10)."""
+        names = [*self.key, *([self.value] if self.value else []), *self.distinct_fields]
+        names += [self.quantile_field] if self.quantile_field else []
+        return bool(self.fields) or self.where is not None or any("." in n for n in names)
 
     @property
     def base_ms(self) -> int:
@@ -192,6 +203,8 @@ def _metrics(config: dict[str, Any]) -> list[_Metric]:
                 quantile_field=quantile_fields[0] if quantile_fields else None,
                 windows_ms=windows,
                 grace_ms=parse_duration(m.get("grace", "0s")),
+                where=m.get("where"),
+                fields=dict(m.get("fields") or {}),
             )
         )
     return metrics
@@ -306,8 +319,39 @@ def finite_number(raw: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+class _Inputs:
+    """What a metric's input names read in one event: a computed field's value (evaluated by
+    DuckDB, `tests/expression_duckdb.py`), the event time for the time field, else the JSON at
+    the dotted path (the whole name when the metric has no definitions)."""
+
+    def __init__(
+        self,
+        metric: _Metric,
+        event: dict[str, Any],
+        event_time: int,
+        time_field: str,
+        computed: dict[str, Any],
+    ) -> None:
+        self.metric, self.event, self.event_time = metric, event, event_time
+        self.time_field, self.computed = time_field, computed
+
+    def get(self, name: str) -> Any:
+        if not self.metric.defined:
+            return self.event.get(name)
+        if name in self.computed:
+            return self.computed[name]
+        if name == self.time_field:
+            return self.event_time
+        node: Any = self.event
+        for part in name.split("."):
+            if not isinstance(node, dict):
+                return None
+            node = node.get(part)
+        return node
+
+
 def _metric_fields(
-    metric: _Metric, event: dict[str, Any]
+    metric: _Metric, event: dict[str, Any] | _Inputs
 ) -> tuple[tuple[str, ...], float | None, dict[str, str], float | None] | None:
     """(key, value, distinct values, quantile value) of the event for this metric, or None
     when skipped."""
@@ -409,6 +453,7 @@ def _accumulate(
             (r for r in records if r.topic == source.topic),
             key=lambda r: (r.partition, r.offset),
         )
+        kept: list[tuple[dict[str, Any], int, int]] = []
         for record in ordered:
             parsed = _validate(source, record)
             if isinstance(parsed, str):
@@ -422,17 +467,30 @@ def _accumulate(
                     duplicates += 1
                     continue
                 seen_ids.add(event_id)
+            kept.append((event, event_time, stream_time[where]))
+        evaluated = {
+            m.name: expression_duckdb.evaluate(
+                m.fields, m.where, source.time_field, [(e, t) for e, t, _ in kept]
+            )
+            for m in source_metrics
+            if m.defined
+        }
+        for position, (event, event_time, as_of) in enumerate(kept):
             for metric in source_metrics:
-                fields = _metric_fields(metric, event)
+                selected, computed = (
+                    evaluated[metric.name][position] if metric.defined else (True, {})
+                )
+                if not selected:
+                    continue
+                inputs = _Inputs(metric, event, event_time, source.time_field, computed)
+                fields = _metric_fields(metric, inputs)
                 if fields is None:
                     _bump(skipped, metric.name)
                     continue
                 if late_rule:
                     base_end = window_start(event_time, metric.base_ms) + metric.base_ms
                     w = (watermarks or {}).get(metric.name)
-                    if base_end + metric.grace_ms <= stream_time[where] or (
-                        w is not None and base_end <= w
-                    ):
+                    if base_end + metric.grace_ms <= as_of or (w is not None and base_end <= w):
                         _bump(late, metric.name)
                         continue
                 key, value, distinct, quantile = fields

@@ -92,6 +92,8 @@ def list_metrics(settings: SettingsDep) -> MetricList:
                 grace=format_duration(m.grace_ms) if m.grace_ms else "0s",
                 version=m.version,
                 rollups=[list(dims) for dims in m.rollups],
+                fields=dict(m.config.fields),
+                where=m.config.where,
             )
             for m in read_plans(settings.plans.values())
         ]

@@ -100,6 +100,15 @@ function range() {
   return { start: end - span, end };
 }
 
+// A metric's filter and computed fields, as configured (text only: never parsed as HTML).
+function showDefinition(m) {
+  const parts = Object.entries(m.fields || {}).map(([name, sql]) => `${name} = ${sql}`);
+  if (m.where) parts.unshift(`where ${m.where}`);
+  const line = $("definition");
+  line.textContent = parts.join(" · ");
+  line.hidden = !parts.length;
+}
+
 async function loadMetrics() {
   const body = await api("/v1/metrics");
   state.metrics = body.metrics;
@@ -133,6 +142,7 @@ async function selectMetric() {
     state.filters = {};
     buildDimensionPickers(m);
   }
+  showDefinition(m);
   fillSteps();
   try { await loadKeys(); } catch (error) { showError(error); }
   await refreshSeries();

@@ -45,6 +45,8 @@ choose between, and Asia/Kolkata's midnight (18:30 UTC) is not on an hour bounda
 GRID_METRIC = {
     "name": GRID,
     "source": "pageviews",
+    "where": "latency_ms >= 0",  # every generated event: shown beside the chart (rule 10)
+    "fields": {"latency_s": "latency_ms / 1000"},
     "key": ["country", "page"],
     "value": "latency_ms",
     "aggregations": ["count", "sum", "avg", "distinct(user_id)"],
@@ -286,6 +288,7 @@ def test_dashboard_group_by_filters_step_and_tz(server: Site, driver: Any) -> No
     wait.until(lambda d: len(Select(d.find_element(By.ID, "metric")).options) == 3)
     pick("metric", GRID)
     wait.until(lambda d: GRID in d.find_element(By.ID, "chart-title").text)
+    assert text("definition") == "where latency_ms >= 0 · latency_s = latency_ms / 1000"
     assert selected("key") == "(all: total)"
     assert [o.text for o in Select(driver.find_element(By.ID, "group-by")).options] == [
         "(none)",

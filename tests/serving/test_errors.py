@@ -252,6 +252,7 @@ def test_metrics_listing_and_prometheus(client: TestClient) -> None:
         "p99",
     ]
     assert views["grace"] == "2m" and len(views["version"]) == 12
+    assert views["fields"] == {} and views["where"] is None
     client.get("/v1/metrics/nope/series")
     text = client.get("/metrics").text
     assert (

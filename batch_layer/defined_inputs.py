@@ -1,0 +1,199 @@
+"""The inputs of metrics with definitions (rule 10 in docs/semantics.md), computed in Spark.
+
+A metric with `fields`, a `where` or a nested input reads its events through its definitions.
+The data source gives the JSON paths they read as columns (`batch_layer.decode.RawRead`); here
+the computed fields are evaluated as Spark columns (`batch_layer.expressions`, no Python UDF),
+then `where`, then each input is checked as `shared.events.metric_inputs` checks it, in the same
+order, so the first failing check gives the same skip reason in both layers.
+
+Metric i's columns replace the data source's empty `s<i>` (its skip reason, or `FILTERED` when
+`where` is not TRUE) and add `m<i>k<d>` (key texts), `m<i>v` (the value) and `m<i>x<slot>` (each
+sketch slot's item), which `batch_layer.aggregate.metric_inputs` reads for it. Each computed
+expression's parts are columns of projection stages (`batch_layer.expressions.Stages`), so an
+expression reading a computed field reads its columns rather than copying its tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from batch_layer.decode import InputLayout
+from batch_layer.expressions import SparkValue, Stages, compile_value, is_true
+from shared.events import MAX_KEY_BYTES, MAX_TEXT_BYTES, VALUE_LIMIT
+from shared.expressions.syntax import Computed, EventTime, Field, Node
+from shared.metric_plan import MetricPlan
+
+FILTERED = "filtered"
+"""The reason column's mark of an event the metric's `where` does not select: neither counted
+nor skipped."""
+
+_PARTS = ("boolean", "bigint", "double", "string")
+
+
+def with_defined_inputs(rows: DataFrame, metrics: Sequence[MetricPlan]) -> DataFrame:
+    """`rows` (laid out by `InputLayout.of(metrics)`) with the columns of every metric that
+    has definitions."""
+    layout = InputLayout.of(metrics)
+    for i, metric in enumerate(metrics):
+        if metric.definitions is not None:
+            rows = _Metric(i, metric, layout).columns(rows)
+    return rows
+
+
+def key_column(i: int, dim: int) -> str:
+    return f"m{i}k{dim}"
+
+
+def value_column(i: int) -> str:
+    return f"m{i}v"
+
+
+def item_column(i: int, slot: int) -> str:
+    return f"m{i}x{slot}"
+
+
+class _Metric:
+    def __init__(self, i: int, metric: MetricPlan, layout: InputLayout) -> None:
+        assert metric.definitions is not None
+        self.i = i
+        self.metric = metric
+        self.definitions = metric.definitions
+        self.layout = layout
+        self.computed: dict[str, SparkValue] = {}
+        self.raws: dict[tuple[str, ...], SparkValue] = {}
+
+    def raw(self, path: tuple[str, ...]) -> SparkValue:
+        """A raw JSON field's parts: one object per path, so the stages name them once."""
+        value = self.raws.get(path)
+        if value is None:
+            column = self.layout.raw_column
+            value = self.raws[path] = SparkValue(*(F.col(column(path, part)) for part in "bids"))
+        return value
+
+    def zone_offset(self, instant: Field | EventTime, zone: str) -> Column:
+        path = instant.path if isinstance(instant, Field) else None
+        return F.col(self.layout.zone_column(path, zone))
+
+    def value(self, node: Node, stages: Stages) -> SparkValue:
+        return compile_value(
+            node,
+            self.raw,
+            self.computed.__getitem__,
+            F.col("time_ms"),
+            self.zone_offset,
+            stages,
+        )
+
+    def columns(self, rows: DataFrame) -> DataFrame:
+        prefix = f"_m{self.i}_"
+        stages = Stages(prefix)
+        for name, node in self.definitions.fields:
+            self.computed[name] = self.value(node, stages)
+        where = None
+        if self.definitions.where is not None:
+            where = self.value(self.definitions.where, stages)
+        rows = stages.apply(rows)
+        reasons: list[Column] = []
+        if where is not None:
+            reasons.append(F.when(~is_true(where), F.lit(FILTERED)))
+        outputs: list[Column] = []
+        texts = []
+        for d, name in enumerate(self.metric.key):
+            text, reason = self.text(name, "key", checked=True)
+            texts.append(text)
+            reasons.append(reason)
+            outputs.append(text.alias(key_column(self.i, d)))
+        if len(texts) > 2:
+            total = sum((F.octet_length(t) for t in texts[1:]), F.octet_length(texts[0]))
+            reasons.append(F.when(total > MAX_KEY_BYTES, F.lit("key_too_long")))
+        if self.metric.value is not None:
+            number, reason = self.number(self.metric.value, "value")
+            reasons.append(reason)
+            outputs.append(number.alias(value_column(self.i)))
+        for slot, sketch in enumerate(self.metric.sketch_inputs):
+            prefix = sketch.missing.removesuffix("_missing")
+            if sketch.number:
+                item, reason = self.number(sketch.field, prefix)
+            else:
+                item, reason = self.text(sketch.field, prefix, checked=False)
+            reasons.append(reason)
+            outputs.append(item.alias(item_column(self.i, slot)))
+        skip = F.coalesce(*reasons) if len(reasons) > 1 else reasons[0] if reasons else F.lit(None)
+        rows = rows.withColumn(f"s{self.i}", skip.cast("string"))
+        return rows.select(*[c for c in rows.columns if not c.startswith(prefix)], *outputs)
+
+    def _read(self, name: str) -> tuple[Node, SparkValue | None, Column]:
+        """A name's node, its computed value (None when it is raw) and whether it is absent."""
+        node = self.definitions.reference(name)
+        if isinstance(node, Computed):
+            value = self.computed[name]
+            present = [getattr(value, p) for p in _PARTS if getattr(value, p) is not None]
+            absent = F.lit(True) if not present else _all(*(c.isNull() for c in present))
+            return node, value, absent
+        if isinstance(node, Field):
+            return node, None, F.col(self.layout.raw_column(node.path, "m"))
+        return node, None, F.lit(False)
+
+    def text(self, name: str, prefix: str, *, checked: bool) -> tuple[Column, Column]:
+        """An input's canonical text and its skip reason (NUL and length are `checked` for a
+        key dimension, which the batch view stores)."""
+        node, value, absent = self._read(name)
+        if value is not None:
+            candidates = [
+                value.string,
+                None if value.bigint is None else value.bigint.cast("string"),
+            ]
+            present = [c for c in candidates if c is not None]
+            text = F.coalesce(*present) if present else F.lit(None).cast("string")
+        elif isinstance(node, EventTime):
+            text = F.col("time_ms").cast("string")
+        else:
+            assert isinstance(node, Field)
+            text = F.col(self.layout.raw_column(node.path, "c"))
+        reason = F.when(
+            text.isNull(),
+            F.when(absent, F.lit(f"{prefix}_missing")).otherwise(F.lit(f"{prefix}_invalid")),
+        )
+        if checked:
+            reason = reason.when(F.instr(text, "\x00") > 0, F.lit(f"{prefix}_invalid")).when(
+                F.octet_length(text) > MAX_TEXT_BYTES, F.lit(f"{prefix}_too_long")
+            )
+        return text, reason
+
+    def number(self, name: str, prefix: str) -> tuple[Column, Column]:
+        """An input's finite number and its skip reason."""
+        node, value, absent = self._read(name)
+        if value is not None:
+            candidates = [
+                value.double,
+                None if value.bigint is None else value.bigint.cast("double"),
+            ]
+            present = [c for c in candidates if c is not None]
+            number = F.coalesce(*present) if present else F.lit(None).cast("double")
+        elif isinstance(node, EventTime):
+            number = F.col("time_ms").cast("double")
+        else:
+            assert isinstance(node, Field)
+            number = F.col(self.layout.raw_column(node.path, "n"))
+        reason = F.when(
+            number.isNull(),
+            F.when(absent, F.lit(f"{prefix}_missing")).otherwise(F.lit(f"{prefix}_invalid")),
+        ).when(F.abs(number) >= F.lit(VALUE_LIMIT), F.lit(f"{prefix}_out_of_range"))
+        return number, reason
+
+
+def _part_or_bigint(part: Column | None, bigint: Column | None, kind: str) -> Column:
+    """A computed value's `part` (its STRING or DOUBLE), else its BIGINT cast to `kind`: the
+    text or number an input reads (NULL for a BOOLEAN, or when the value can have neither)."""
+    present = [c for c in (part, None if bigint is None else bigint.cast(kind)) if c is not None]
+    return F.coalesce(*present) if present else F.lit(None).cast(kind)
+
+
+def _all(*conditions: Column) -> Column:
+    result = conditions[0]
+    for condition in conditions[1:]:
+        result = result & condition
+    return result
