@@ -2,6 +2,7 @@
 freshness through `GET /series`, and Redis memory per cell.
 
     .venv/bin/python bench/speed.py [--quick] [--events N] [--partitions P]
+        [--peers] [--expressions] [--skip-freshness]
 
 Brings up the local stack (`lambdactl.stack.stack_up`), gives itself a fresh topic, a fresh
 PostgreSQL database (no batch run: W is None) and a Redis database (`--redis-db`, default 13,
@@ -11,15 +12,74 @@ flushed), then:
 2. ceiling: a bare aiokafka `getmany` loop + `orjson.loads` over the same topic;
 3. one worker (`python -m lambdactl speed`, a subprocess) from offset 0 until every fence reaches
    the end: sustained events/s between the first fence seen and the last one reaching the end;
-4. freshness: background load at `--rate` events/s plus one probe event every 100 ms on its own
-   page; time from produce to the probe's count being visible through `GET /series`;
-5. Redis memory: `MEMORY USAGE` of every cell key over the (cell, key) states they hold, and
-   of cells + de-dup ids per 1M events.
+4. Redis memory: `MEMORY USAGE` of every cell key over the (cell, key) states they hold, and
+   of cells + de-dup ids per 1M events;
+5. with `--expressions`: the worker again over the same topic from offset 0 (its own consumer
+   group and Redis database, `--expr-redis-db`, default 12, flushed), with the bench's metric
+   `views_by_page` given a `where` that keeps every event and two computed `fields` used as its
+   key and value (`with_expressions`), then once more without them: `expr_ratio` is the
+   expressions' events/s over the mean of the two plain runs (step 3's and this one), so a
+   machine that gets busier or quieter meanwhile biases it less;
+6. with `--peers`: the engines users would pick instead (`bench/peers`), one after the other
+   over the same topic from its beginning, each under a fresh application id: Kafka Streams
+   `at_least_once`, Kafka Streams `exactly_once_v2` and quix-streams (at-least-once);
+7. freshness: background load at `--rate` events/s plus one probe event every 100 ms on its own
+   page; time from produce to the probe's count being visible through `GET /series`.
+
+The worker of step 3 stays up, idle, through steps 5-6 (step 7 uses it; its CPU meanwhile is
+logged). Steps 5-6 run before step 7, which adds events to the topic.
 
 Ends with one line:
-`BENCH speed events_per_s=<n> ceiling_per_s=<n> ratio=<r> freshness_p50_ms=<n>
-freshness_p99_ms=<n> redis_bytes_per_cell=<n> broker_cpu_s=<s> broker_rss_mb=<n>` (on one
-line; the broker's figures cover the worker's run).
+`BENCH speed events_per_s=<n> ceiling_per_s=<n> ratio=<r> [kstreams_per_s=<n>
+kstreams_eos_per_s=<n> quix_per_s=<n> vs_kstreams=<r> vs_kstreams_eos=<r> vs_quix=<r>]
+[expr_events_per_s=<n> expr_ratio=<r>] freshness_p50_ms=<n> freshness_p99_ms=<n>
+redis_bytes_per_cell=<n> broker_cpu_s=<s> broker_rss_mb=<n>` (on one line; the broker's
+figures cover the worker's run; `vs_<peer>` is the worker's events/s over the peer's;
+`expr_ratio` as in step 5).
+
+## The peers (`--peers`), and what each does that the other does not
+
+Each peer computes, per page, 1-minute tumbling windows on event time (`ts`) with count, sum,
+min and max of `latency_ms`, in a RocksDB window store with a changelog topic, on one thread.
+The worker computes more for the same events: two metrics (`views_by_page` with avg,
+`distinct(user_id)` and `quantiles(latency_ms)` too, over 1m, 1h and 1d windows, and
+`views_total`), so its figure is the heavier job.
+
+The worker, and neither peer: de-duplication by event id (rule 4 of docs/semantics.md); late
+events published once to the `<topic>.late` side topic (the peers only count them); HLL
+(`distinct`) and KLL (`quantiles`) sketches; several windows and metrics from one read;
+exactly-once effect into Redis through per-partition fences (rule 3); no repartition: each
+source partition's cells are kept apart (sub-cells) and merged when read, so lateness is judged
+per source partition.
+
+Kafka Streams, and not the worker: a repartition by key (every record written to and read back
+from a `-repartition` topic), a local RocksDB window store with its changelog (the state is
+restored on another instance after a failure), standby replicas and elastic scaling by tasks,
+and with `exactly_once_v2` Kafka transactions around consume-process-produce (commit every
+100 ms). Its clock stops when the N-th record is aggregated, in the store's cache: unlike the
+worker's, it does not wait for the last commit (up to 30 s later with `at_least_once`).
+Records reach the aggregation in bursts (one thread feeds the repartition topic, then reads it
+back), so its progress per second is uneven; only the whole run's figure is meaningful.
+
+quix-streams, and not the worker: a repartition by key (`group_by`), a RocksDB window store
+with its changelog, and exactly-once through Kafka transactions (not measured here). Its clock
+also stops at the N-th record aggregated.
+
+**Grace.** The peers get `--peer-grace-s` (default 3 h, longer than the topic's whole
+event-time span), not the metric's 2 minutes, and drop nothing. Their repartition mixes the
+four source partitions into one stream time per task (Kafka Streams) or per key (quix), and one
+thread reads a partition in chunks of thousands of records, up to ~25 minutes of event time
+ahead of the others; with a 2-minute grace they dropped 60-75% of the records as late, varying
+from run to run, and so did a fraction of the work. With no drops they aggregate the late (2%)
+and duplicate (2%) records the worker discards: slightly more work than the worker's. The log
+shows each one's late count beside the worker's (its `.late` topic).
+
+**Warm-up.** The worker's events/s starts at its first applied batch (up to
+`speed.max_poll_records`, 20,000 records, already processed); each peer's on the BENCH line
+likewise starts once that many records were aggregated or dropped (`warm_events_per_s`). That
+skips their start-up as well: the first fetches of the repartition topic they just created, and
+for Kafka Streams the JIT's first compilations (its first 20,000 records take several seconds).
+The log shows each peer's figure from its first record too.
 """
 
 from __future__ import annotations
@@ -33,6 +93,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +106,10 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import peers
 from bench.broker_usage import BrokerUsage
 from bench.common import log
+from bench.peers import PeerRun
 from lambdactl.generator import GeneratorSpec, generate, produce
 from shared.config import Settings
 from shared.kafka import create_topics
@@ -64,15 +127,36 @@ def build_config(
     redis_db: int,
     speed: dict[str, Any],
     quantiles: bool = True,
+    expressions: bool = False,
 ) -> dict[str, Any]:
     base, _, _ = stack.postgres.url.rpartition("/")
     rbase, _, _ = stack.redis.url.rpartition("/")
+    platform = platform_config(tag, partitions, quantiles=quantiles)
+    if expressions:
+        platform["metrics"] = [with_expressions(m) for m in platform["metrics"]]
     return {
-        **platform_config(tag, partitions, quantiles=quantiles),
+        **platform,
         "kafka": {"bootstrap_servers": stack.kafka.bootstrap_servers},
         "redis": {"url": f"{rbase}/{redis_db}"},
         "postgres": {"url": f"{base}/lp_bench_{tag}"},
         "speed": {"app_id": f"bench-{tag}", "session_timeout_s": 6.0, **speed},
+    }
+
+
+def with_expressions(metric: dict[str, Any]) -> dict[str, Any]:
+    """`views_by_page` with a `where` and two computed fields as its key and value (rule 10 in
+    docs/semantics.md); the `where` keeps every bench event, so both runs count the same."""
+    if metric["name"] != "views_by_page":
+        return metric
+    return {
+        **metric,
+        "where": "latency_ms >= 0 AND page <> '/nope'",
+        "fields": {
+            "section": "CASE WHEN page LIKE '/page/%' THEN 'pages' ELSE page END",
+            "latency_s": "latency_ms / 1000",
+        },
+        "key": ["section"],
+        "value": "latency_s",
     }
 
 
@@ -121,7 +205,12 @@ def cpu_seconds(pid: int) -> float:
 
 
 def measure_worker(
-    env: dict[str, str], client: redis.Redis, topic: str, ends: dict[int, int], timeout_s: float
+    env: dict[str, str],
+    client: redis.Redis,
+    topic: str,
+    ends: dict[int, int],
+    timeout_s: float,
+    log_path: str = "/tmp/bench-speed-worker.log",
 ) -> tuple[float, subprocess.Popen[bytes]]:
     """Start a worker; events/s from the first applied batch until every fence is at the end.
     Also logs the worker's CPU time per event over the same span: on a busy machine it moves
@@ -130,7 +219,7 @@ def measure_worker(
         [sys.executable, "-m", "lambdactl", "speed"],
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=open("/tmp/bench-speed-worker.log", "wb"),  # noqa: SIM115
+        stderr=open(log_path, "wb"),  # noqa: SIM115
     )
     partitions = len(ends)
     deadline = time.monotonic() + timeout_s
@@ -151,9 +240,102 @@ def measure_worker(
             log(f"worker CPU: {used / max(done - first[1], 1) * 1e6:.1f} us/event")
             return rate, worker
         if worker.poll() is not None:
-            raise RuntimeError("the worker exited; see /tmp/bench-speed-worker.log")
+            raise RuntimeError(f"the worker exited; see {log_path}")
         time.sleep(0.05)
     raise RuntimeError(f"worker did not catch up in {timeout_s}s: fences {current}, want {want}")
+
+
+def rerun_worker(
+    args: argparse.Namespace,
+    tag: str,
+    stack: Settings,
+    speed: dict[str, Any],
+    ends: dict[int, int],
+    expressions: bool,
+) -> float:
+    """Another worker's events/s over the same topic from offset 0, in a Redis database
+    (`--expr-redis-db`, flushed) and consumer group of its own; `expressions`: with
+    `with_expressions` on its metric."""
+    name = "expr" if expressions else "plain"
+    config = build_config(
+        tag,
+        args.partitions,
+        stack,
+        args.expr_redis_db,
+        speed,
+        quantiles=not args.no_quantiles,
+        expressions=expressions,
+    )
+    config["speed"]["app_id"] = f"bench-{tag}-{name}"
+    client = redis.Redis.from_url(config["redis"]["url"])
+    client.flushdb()
+    config_path = Path(f"/tmp/bench-speed-{tag}-{name}.yaml")
+    config_path.write_text(yaml.safe_dump(config))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAMBDA_")}
+    env["LAMBDA_CONFIG"] = str(config_path)
+    topic = config["sources"][0]["topic"]
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        rate, worker = measure_worker(
+            env, client, topic, ends, timeout_s=600, log_path=f"/tmp/bench-speed-worker-{name}.log"
+        )
+    finally:
+        if worker is not None:
+            stop_worker(worker)
+        client.flushdb()
+    return rate
+
+
+def measure_peers(
+    bootstrap: str, topic: str, events: int, grace_ms: int, warmup: int
+) -> dict[str, PeerRun]:
+    """Kafka Streams (at_least_once, exactly_once_v2) and quix-streams, one after the other,
+    each under a fresh application id from the topic's beginning."""
+    given: dict[str, Any] = {
+        "bootstrap": bootstrap,
+        "topic": topic,
+        "events": events,
+        "grace_ms": grace_ms,
+        "warmup_events": warmup,
+        "timeout_s": 600 + events / 2000,
+    }
+    runs: dict[str, Callable[[], PeerRun]] = {
+        "kstreams": lambda: peers.run_kstreams(
+            **given, app_id=peers.fresh_app_id("bench-ks"), guarantee="at_least_once"
+        ),
+        "kstreams_eos": lambda: peers.run_kstreams(
+            **given, app_id=peers.fresh_app_id("bench-ks-eos"), guarantee="exactly_once_v2"
+        ),
+        "quix": lambda: peers.run_quix(**given, app_id=peers.fresh_app_id("bench-quix")),
+    }
+    figures: dict[str, PeerRun] = {}
+    for name, run in runs.items():
+        figures[name] = result = run()
+        log(
+            f"{name}: {result.warm_events_per_s:,.0f} events/s after {result.warmup_events:,} "
+            f"warm-up records ({result.events_per_s:,.0f} from the first record: "
+            f"{result.seconds:.1f} s); {result.cpu_us_per_event:.1f} us CPU/event; "
+            f"{result.aggregated:,} aggregated, {result.late:,} late"
+        )
+    counts = {name: {p: int(v[0]) for p, v in run.pages.items()} for name, run in figures.items()}
+    if len({orjson.dumps(c, option=orjson.OPT_SORT_KEYS) for c in counts.values()}) > 1:
+        log("peers: per-page counts DIFFER between the peers (see the late counts above)")
+    else:
+        log(f"peers: identical per-page counts over {len(counts['kstreams'])} pages")
+    return figures
+
+
+def late_records(bootstrap: str, topic: str, partitions: int) -> int:
+    """Records in `topic` (the source's `.late` side topic): what the worker dropped as late."""
+    return sum(end_offsets(bootstrap, topic, partitions).values())
+
+
+def stop_worker(worker: subprocess.Popen[bytes]) -> None:
+    worker.terminate()
+    try:
+        worker.wait(30)
+    except subprocess.TimeoutExpired:
+        worker.kill()
 
 
 def measure_freshness(
@@ -278,7 +460,38 @@ def main() -> None:
         metavar="NAME=VALUE",
         help="a `speed:` setting for the worker, e.g. max_poll_records=5000 (repeatable)",
     )
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="also run Kafka Streams (at_least_once, exactly_once_v2) and quix-streams on the "
+        "same topic (bench/peers; needs Java 17+ and Maven)",
+    )
+    parser.add_argument(
+        "--peer-grace-s",
+        type=int,
+        default=3 * 3600,
+        help="the peers' grace: past the topic's event-time span, so they drop nothing "
+        "(see the docstring)",
+    )
+    parser.add_argument(
+        "--expressions",
+        action="store_true",
+        help="also measure the worker with a `where` and computed `fields` on its metric",
+    )
+    parser.add_argument(
+        "--expr-redis-db", type=int, default=12, help="for --expressions' workers (flushed)"
+    )
     args = parser.parse_args()
+    if args.expressions and args.expr_redis_db == args.redis_db:
+        parser.error("--expr-redis-db must differ from --redis-db")
+    if args.peers:  # prepared before anything is measured; fails here if Java/Maven are missing
+        started = time.perf_counter()
+        try:
+            peers.kstreams_jar()
+            peers.quix_python()
+        except peers.PeerError as exc:
+            sys.exit(f"--peers: {exc}")
+        log(f"peers ready in {time.perf_counter() - started:.1f}s")
     events = args.events or (300_000 if args.quick else 2_000_000)
     freshness_s = 20.0 if args.quick else 60.0
 
@@ -323,6 +536,33 @@ def main() -> None:
         log(f"broker during the worker's run: {broker.figures()}")
         log(f"worker: {rate:,.0f} events/s sustained ({rate / ceiling:.3f} of the ceiling)")
         per_cell, _ = redis_memory(client, settings, produced)
+        late = late_records(bootstrap, settings.sources[0].late_topic, args.partitions)
+        log(f"worker: {late:,} records late (published to the .late topic)")
+        idle_cpu = cpu_seconds(worker.pid)
+        extra = ""
+        if args.expressions:  # plain, with expressions, plain again: drift cancels out
+            expr_rate = rerun_worker(args, tag, stack, speed, ends, expressions=True)
+            again = rerun_worker(args, tag, stack, speed, ends, expressions=False)
+            plain = (rate + again) / 2
+            log(
+                f"worker with where + computed fields: {expr_rate:,.0f} events/s; plain again: "
+                f"{again:,.0f}; {expr_rate / plain:.3f} of the plain runs' mean"
+            )
+            extra += f"expr_events_per_s={expr_rate:.0f} expr_ratio={expr_rate / plain:.3f} "
+        if args.peers:
+            figures = measure_peers(
+                bootstrap,
+                topic,
+                sum(ends.values()),
+                args.peer_grace_s * 1000,
+                settings.speed.max_poll_records,
+            )
+            per_s = {name: run.warm_events_per_s for name, run in figures.items()}
+            peer_fields = [f"{name}_per_s={v:.0f}" for name, v in per_s.items()]
+            peer_fields += [f"vs_{name}={rate / v:.3f}" for name, v in per_s.items()]
+            extra = " ".join(peer_fields) + " " + extra
+        if args.peers or args.expressions:
+            log(f"the idle worker used {cpu_seconds(worker.pid) - idle_cpu:.1f} CPU s meanwhile")
         p50 = p99 = float("nan")
         if not args.skip_freshness:
             with BrokerUsage() as fresh_broker:
@@ -331,11 +571,7 @@ def main() -> None:
             log(f"broker during the freshness phase: {fresh_broker.figures()}")
     finally:
         if worker is not None:
-            worker.terminate()
-            try:
-                worker.wait(30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
+            stop_worker(worker)
         with psycopg.connect(stack.postgres.url, autocommit=True) as admin:
             admin.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
@@ -344,7 +580,7 @@ def main() -> None:
             )
     print(
         f"BENCH speed events_per_s={rate:.0f} ceiling_per_s={ceiling:.0f} "
-        f"ratio={rate / ceiling:.3f} freshness_p50_ms={p50:.0f} freshness_p99_ms={p99:.0f} "
+        f"ratio={rate / ceiling:.3f} {extra}freshness_p50_ms={p50:.0f} freshness_p99_ms={p99:.0f} "
         f"redis_bytes_per_cell={per_cell:.0f} {broker.figures()}"
     )
 
