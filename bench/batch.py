@@ -1,20 +1,65 @@
 """Batch layer benchmark: full recompute throughput Kafka → Spark → PostgreSQL, and the cost of
 an incremental run for one new hour on top of 1x and 10x history (rule 7: cost follows new
-data, not history).
+data, not history); optionally beside plain Spark jobs over the same data (`--peers`) and
+with the metrics' inputs defined by expressions (`--expressions`).
 
-    .venv/bin/python bench/batch.py --quick     # 1x = 100k, 10x = 1M events (~5 min)
+    .venv/bin/python bench/batch.py --quick     # 1x = 100k, 10x = 1M events (~6 min)
     .venv/bin/python bench/batch.py             # 1x = 1M, 10x = 10M events
     .venv/bin/python bench/batch.py --events 10000000   # the same, by the full run's size
     .venv/bin/python bench/batch.py --malformed 0.005   # one record in 200 malformed (the soak's)
+    .venv/bin/python bench/batch.py --quick --peers --expressions   # ~15 min
 
 History is spread over 24 h of event time; the new hour holds 1/24 of the 1x history. Each run
 executes in one Spark session started up front, so session start-up is not in any figure.
+Every measured run starts as a scheduled run does: with Spark's Python workers ended (Spark
+ends them 60-70 s idle; the bench waits 75 s after the last Spark work; starting them again
+costs a run several seconds) and with no autovacuum worker busy in its database after the
+previous run's bulk load. Nothing is cached between runs: a run persists its decoded records
+and unpersists them before it returns.
+
 Ends with one line:
 `BENCH batch events=<n> malformed=<fraction> events_per_s=<n> wall_s=<s> peak_rss_mb=<n>
 incr_1x_s=<s> incr_10x_s=<s> incr_ratio=<r>` where events/wall/throughput are the full run
 over the 10x history and peak RSS covers this process and its children (Spark's JVM, Python
-workers); `broker_cpu_s` and `broker_rss_mb` are the local Kafka broker's CPU seconds and
-peak RSS during that run.
+workers); `broker_cpu_s` and `broker_rss_mb` are the local Kafka broker's CPU seconds and peak
+RSS during that run, `cpu_s` the CPU seconds this process and its descendants (Spark's JVM,
+its Python workers; not PostgreSQL, not the broker) used in it: less sensitive than wall time
+to other work on the machine. Then `stage_<name>_s=<s>` break that run's wall time down
+(`bench.spark_jobs.run_stages`: snapshot, plan, read_decode, rebuild_index, dedup, cells,
+publish, other; they add up to `wall_s`), measured from outside the run: its Spark jobs in
+Spark's status store and its own phase timings.
+
+`--peers`: right after the 10x full run, the same session runs two plain Spark jobs of
+`bench.plain_spark` over the same topic up to the full run's snapshot, one after the other,
+each under the same conditions as that run (a warm JVM from the 1x runs, the topic just
+written, Python workers ended, no autovacuum busy) and sharing no cache with it or each other
+(nothing is persisted; the full run unpersists its records). The same Spark data source
+(`lambda_kafka`) reads and decodes the records; every metric's cells of every window are
+grouped by metric, window and key with the same count/sum/min/max and the same HLL and KLL
+sketches, and written to Parquet in a temporary directory. Neither de-duplicates (every copy
+counts), keeps an id table, finds W or a rebuild index, collects the cells to the driver or
+publishes anything (no PostgreSQL, no atomic generation, no run log). They cover the bench's
+metrics (two, several windows each; no rollups, no `where`). `plain_spark` is the peer: each
+window's cells straight from the events, as a user writes it, planned by Spark (partial
+aggregation, then a merge); `batch_plan` is the batch layer's own cells plan (base cells
+shuffled by start with no partial aggregation, rolled up into every window) with nothing
+around it. They run after the full run so that it is measured exactly as without `--peers`.
+Adds, per job `<p>` (`plain_spark`, `batch_plan`): `<p>_per_s=<n>` (the full run's records
+over the job's wall time), `<p>_wall_s`, `<p>_cells`, `vs_<p>=<r>` (the full run's events/s
+over the job's: below 1, the full run is slower), `<p>_cpu_s` and `vs_<p>_cpu` (the job's CPU
+seconds over the full run's: below 1, the full run uses more CPU), and the job's stages
+`<p>_read_s` (its first Spark job: the Kafka read, the decode and all before the first
+shuffle), `<p>_shuffled_s` (its other jobs: all after the first shuffle, the Parquet write
+included) and `<p>_driver_s` (planning the read and the query, committing the output).
+
+`--expressions`: then a second full run over the same topic (a database of its own, so the
+10x world's incremental run still follows its own full run) with the metrics extended by
+rule 10's definitions: every metric gets `where: "latency_ms >= 0 AND page <> '/nope'"`
+(keeps every event), and the per-page metric computed fields `section` (the pages `/page/<n>`
+as one section `pages`) and `latency_s` used as its key and value. Adds `expr_events_per_s=<n>`
+and `expr_ratio=<r>` (its events/s over the full run's), `expr_cpu_s` and `expr_cpu_ratio`
+(the full run's CPU seconds over its own), and its stages on a line of their own. Should that
+run fail, the bench prints the traceback, reports `failed` for those fields and goes on.
 """
 
 from __future__ import annotations
@@ -22,9 +67,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
+import traceback
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,8 +84,10 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from batch_layer import execute_run, spark_session
+from batch_layer import RunSummary, execute_run, spark_session
 from bench.broker_usage import BrokerUsage
+from bench.plain_spark import PlainRun, cells_written, run_plain
+from bench.spark_jobs import describe, fields, jobs_of_group, run_stages
 from lambdactl.generator import GeneratorSpec, generate, produce
 from lambdactl.stack import stack_up
 from shared.config import Settings
@@ -48,8 +98,18 @@ from shared.kafka import admin_client, create_topics
 from tests.conftest import drop_database, platform_config
 
 HOUR = 3_600_000
-PYTHON_WORKER_IDLE_S = 65.0
-"""Longer than Spark keeps an idle Python worker (one minute, `PythonWorkerFactory`)."""
+PYTHON_WORKER_IDLE_S = 75.0
+"""Longer than Spark keeps an idle Python worker: `PythonWorkerFactory` ends them once a minute
+has passed since the last one was released, checked every 10 s (so 60-70 s after it: a wait of
+65 s may find them still running)."""
+
+EXPR_WHERE = "latency_ms >= 0 AND page <> '/nope'"
+"""`--expressions`: every metric's filter (every generated event passes it)."""
+EXPR_FIELDS = {
+    "section": "CASE WHEN page LIKE '/page/%' THEN 'pages' ELSE page END",
+    "latency_s": "latency_ms / 1000",
+}
+"""`--expressions`: the per-page metric's computed fields, its key and its value."""
 
 
 class PeakRss(threading.Thread):
@@ -70,27 +130,83 @@ class PeakRss(threading.Thread):
             self.peak = max(self.peak, total)
 
 
+class TreeCpu:
+    """`with TreeCpu() as cpu: ...` then `cpu.seconds`: the CPU seconds this process and its
+    descendants (Spark's JVM, its Python workers) used in the block, the reaped children's
+    included. Less sensitive than wall time to other work on the machine; PostgreSQL's and the
+    broker's CPU are not in it."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._start: dict[tuple[int, float], float] = {}
+
+    def __enter__(self) -> TreeCpu:
+        self._start = _tree_cpu()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        end = _tree_cpu()
+        self.seconds = sum(cpu - self._start.get(key, 0.0) for key, cpu in end.items())
+
+
+def _tree_cpu() -> dict[tuple[int, float], float]:
+    """(pid, creation time) -> CPU seconds, its reaped children's included, of this process and
+    each descendant."""
+    me = psutil.Process()
+    seconds = {}
+    for proc in [me, *me.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            t = proc.cpu_times()
+            key = (proc.pid, proc.create_time())
+            seconds[key] = t.user + t.system + t.children_user + t.children_system
+    return seconds
+
+
 @dataclass
 class World:
     settings: Settings
     dbname: str
+    owns_topics: bool = True
+    """Whether dropping the world deletes its topics (a world reading another's does not)."""
 
 
-def make_world(base: Settings, tag: str, quantiles: bool) -> World:
+def with_expressions(config: dict[str, Any]) -> dict[str, Any]:
+    """The platform config with its metrics' inputs defined by expressions (rule 10): every
+    metric filtered by `EXPR_WHERE`; a keyed metric with a value keyed by `section` and valued
+    by `latency_s` (`EXPR_FIELDS`)."""
+    metrics = []
+    for metric in config["metrics"]:
+        metric = {**metric, "where": EXPR_WHERE}
+        if metric.get("key") and metric.get("value"):
+            metric.update(fields=dict(EXPR_FIELDS), key=["section"], value="latency_s")
+        metrics.append(metric)
+    return {**config, "metrics": metrics}
+
+
+def make_world(
+    base: Settings,
+    tag: str,
+    quantiles: bool,
+    *,
+    topic_of: str | None = None,
+    expressions: bool = False,
+) -> World:
+    """A database of its own and the topics of `tag`, or those of the world `topic_of` (tag)."""
     dbname = f"lp_bench_{tag}"
     with psycopg.connect(base.postgres.url, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
     url = base.postgres.url.rpartition("/")[0] + f"/{dbname}"
     upgrade(url)
+    platform = platform_config(topic_of or tag, quantiles=quantiles)
     config: dict[str, Any] = {
-        **platform_config(tag, quantiles=quantiles),
+        **(with_expressions(platform) if expressions else platform),
         "kafka": {"bootstrap_servers": base.kafka.bootstrap_servers},
         "postgres": {"url": url},
         "spark": base.spark.model_dump(),
     }
     settings = Settings(**config)
     create_topics(settings)
-    return World(settings, dbname)
+    return World(settings, dbname, owns_topics=topic_of is None)
 
 
 def drop_world(base: Settings, world: World) -> None:
@@ -98,6 +214,8 @@ def drop_world(base: Settings, world: World) -> None:
         drop_database(base.postgres.url, world.dbname)
     except psycopg.Error as exc:
         print(f"database {world.dbname} left behind ({exc}): drop it by hand", flush=True)
+    if not world.owns_topics:
+        return
     source = world.settings.sources[0]
     topics = [source.topic, source.dlq_topic, source.late_topic]
     admin = admin_client(base)  # held until the deletions are done: its end cancels them
@@ -133,14 +251,71 @@ def wait_for_autovacuum(base: Settings, dbname: str, limit_s: float = 600.0) -> 
     return time.monotonic() - began
 
 
-def timed_run(world: World, spark: Any, mode: str) -> tuple[float, Any, BrokerUsage]:
+def python_workers_ended(spark_done: float | None) -> float:
+    """Sleep until Spark has ended its Python workers, idle since `spark_done` (monotonic; None:
+    none ever started); returns the sleep. Spark ends a worker idle for a minute: an hourly
+    run always starts them, and so does each measured run (else a run that followed another
+    closely would save the start-up that the others pay)."""
+    if spark_done is None:
+        return 0.0
+    pause = max(0.0, PYTHON_WORKER_IDLE_S - (time.monotonic() - spark_done))
+    time.sleep(pause)
+    return pause
+
+
+@dataclass
+class Timed:
+    wall_s: float
+    summary: RunSummary
+    broker: BrokerUsage
+    started: float
+    """When `execute_run` was called (epoch seconds)."""
+    stages: dict[str, float]
+    jobs: str
+    """The run's Spark actions, for the log."""
+    cpu_s: float
+    """CPU seconds of this process and its descendants during the run (`TreeCpu`)."""
+
+
+def timed_run(world: World, spark: Any, mode: str) -> Timed:
     with connect(world.settings.postgres.url, autocommit=True) as conn:
         run_id, _ = queue_run(conn, RunRequest(mode))  # type: ignore[arg-type]
-    with BrokerUsage() as broker:
-        began = time.monotonic()
+    with BrokerUsage() as broker, TreeCpu() as cpu:
+        started, began = time.time(), time.monotonic()
         summary = execute_run(world.settings, spark, run_id)
         wall = time.monotonic() - began
-    return wall, summary, broker
+    jobs = jobs_of_group(spark, f"lambda-batch-run-{run_id}", started)
+    return Timed(
+        wall,
+        summary,
+        broker,
+        started,
+        run_stages(jobs, started, wall, summary.timings),
+        describe(jobs, started),
+        cpu.seconds,
+    )
+
+
+def plain_stages(spark: Any, run: PlainRun) -> tuple[dict[str, float], str]:
+    """A plain job's wall time by stage and its jobs, for the log: `read` (its first job: the
+    Kafka read, the decode and everything before the first shuffle), `shuffled` (its other
+    jobs: everything after the first shuffle, the Parquet write included) and `driver` (the
+    rest: planning the read and the query, committing the output)."""
+    jobs = jobs_of_group(spark, run.group, run.started)
+    if not jobs:
+        return {"driver": run.wall_s}, ""
+    first, last = jobs[0], max(jobs, key=lambda j: j.completed)
+    stages = {
+        "read": first.completed - first.submitted,
+        "shuffled": last.completed - first.completed,
+        "driver": run.wall_s - (last.completed - first.submitted),
+    }
+    spans = ", ".join(
+        f"job {j.job_id} {j.submitted - run.started:.1f}-{j.completed - run.started:.1f} s "
+        f"(tasks {j.task_s:.1f} s)"
+        for j in jobs
+    )
+    return stages, spans
 
 
 def main() -> None:
@@ -164,6 +339,16 @@ def main() -> None:
         default=0.0,
         help="fraction of malformed records (0; the soak and the demo produce 0.005)",
     )
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="also run a plain Spark job over the 10x history (bench/plain_spark.py)",
+    )
+    parser.add_argument(
+        "--expressions",
+        action="store_true",
+        help="also a full run over the 10x history with `where` and computed fields (rule 10)",
+    )
     args = parser.parse_args()
     one_x = args.history or (args.events // 10 if args.events else 0)
     one_x = one_x or (100_000 if args.quick else 1_000_000)
@@ -176,43 +361,71 @@ def main() -> None:
     print(f"spark session start-up {time.monotonic() - started:.1f} s (not counted)", flush=True)
     now = int(time.time() * 1000) // HOUR * HOUR
     worlds = [make_world(base, f"{tag}x{n}", not args.no_quantiles) for n in (1, 10)]
+    if args.expressions:
+        worlds.append(
+            make_world(
+                base, f"{tag}x10e", not args.no_quantiles, topic_of=f"{tag}x10", expressions=True
+            )
+        )
+    parquet = tempfile.mkdtemp(prefix="lambda-bench-plain-")
     rss = PeakRss()
     rss.start()
+    spark_done: float | None = None
     try:
         results: dict[str, float] = {}
-        for world, factor in zip(worlds, (1, 10), strict=True):
+        extra: list[str] = []
+        full: Timed | None = None
+        for world, factor in zip(worlds, (1, 10), strict=False):
             events = one_x * factor
             took = fill(world, now - 25 * HOUR, now - HOUR, events, factor, args.malformed)
             print(f"{factor}x: produced {events} events in {took:.1f} s", flush=True)
-            wall, summary, broker = timed_run(world, spark, "full")
+            python_workers_ended(spark_done)
+            run = timed_run(world, spark, "full")
+            spark_done = time.monotonic()
+            summary, wall = run.summary, run.wall_s
             print(
                 f"{factor}x: full run {wall:.1f} s, {summary.rows_in / wall:,.0f} events/s, "
-                f"{summary.rows_out} cells, {broker.figures()}, phases {summary.timings}",
+                f"{summary.rows_out} cells, {run.broker.figures()}, CPU {run.cpu_s:.1f} s, "
+                f"phases {summary.timings}",
                 flush=True,
             )
-            full_broker = broker
+            print(f"{factor}x: full run stages {fields(run.stages)}", flush=True)
+            print(f"{factor}x: full run Spark actions: {run.jobs}", flush=True)
             results[f"full_{factor}x_s"] = wall
             results[f"full_{factor}x_events"] = summary.rows_in
-            full_ended = time.monotonic()
+            settle = [world.dbname]  # the databases the incremental run waits autovacuum out in
+            if factor == 10:
+                full = run
+                if args.peers:
+                    for plan, prefix in (("plain", "plain_spark"), ("batch_plan", "batch_plan")):
+                        extra.append(
+                            peer(spark, base, world, full, parquet, spark_done, plan, prefix)
+                        )
+                        spark_done = time.monotonic()
+                if args.expressions:
+                    wait_for_autovacuum(base, world.dbname)
+                    python_workers_ended(spark_done)
+                    extra.append(expressions_run(spark, worlds[2], full))
+                    spark_done = time.monotonic()
+                    settle.append(worlds[2].dbname)
             fill(world, now - HOUR, now, one_x // 24, 100 + factor, args.malformed)
-            waited = wait_for_autovacuum(base, world.dbname)
-            # Spark ends Python workers idle for a minute: an hourly run always starts them,
-            # and so does each measured incremental run (else only the one that waited
-            # longer for autovacuum would pay ~1.5 s for it).
-            time.sleep(max(0.0, PYTHON_WORKER_IDLE_S - (time.monotonic() - full_ended)))
+            waited = sum(wait_for_autovacuum(base, db) for db in settle)
+            python_workers_ended(spark_done)
             print(
                 f"{factor}x: autovacuum idle after {waited:.0f} s; incremental run "
-                f"{time.monotonic() - full_ended:.0f} s after the full run",
+                f"{time.monotonic() - spark_done:.0f} s after the last Spark work",
                 flush=True,
             )
-            wall, summary, _ = timed_run(world, spark, "incremental")
-            assert summary.mode == "incremental"
+            incr = timed_run(world, spark, "incremental")
+            spark_done = time.monotonic()
+            assert incr.summary.mode == "incremental"
             print(
-                f"{factor}x: incremental run for one new hour ({summary.rows_in} events) "
-                f"{wall:.1f} s, phases {summary.timings}",
+                f"{factor}x: incremental run for one new hour ({incr.summary.rows_in} events) "
+                f"{incr.wall_s:.1f} s, phases {incr.summary.timings}",
                 flush=True,
             )
-            results[f"incr_{factor}x_s"] = wall
+            results[f"incr_{factor}x_s"] = incr.wall_s
+        assert full is not None
         events = int(results["full_10x_events"])
         wall = results["full_10x_s"]
         print(
@@ -221,15 +434,78 @@ def main() -> None:
             f"peak_rss_mb={rss.peak / 2**20:.0f} incr_1x_s={results['incr_1x_s']:.2f} "
             f"incr_10x_s={results['incr_10x_s']:.2f} "
             f"incr_ratio={results['incr_10x_s'] / results['incr_1x_s']:.2f} "
-            f"{full_broker.figures()}",
+            f"{full.broker.figures()} cpu_s={full.cpu_s:.1f} {fields(full.stages)} "
+            f"{' '.join(extra)}".rstrip(),
             flush=True,
         )
     finally:
         rss.stop.set()
         rss.join()
         spark.stop()
-        for world in worlds:
+        shutil.rmtree(parquet, ignore_errors=True)
+        for world in reversed(worlds):
             drop_world(base, world)
+
+
+def peer(
+    spark: Any,
+    base: Settings,
+    world: World,
+    full: Timed,
+    parquet: str,
+    spark_done: float,
+    plan: str,
+    prefix: str,
+) -> str:
+    """Run the plain Spark job of `plan` (`bench.plain_spark.PLANS`) over what the full run
+    `full` read; its BENCH fields, named by `prefix`."""
+    wait_for_autovacuum(base, world.dbname)
+    python_workers_ended(spark_done)
+    source = world.settings.sources[0]
+    ends = {int(p): o for p, o in full.summary.snapshot[source.topic].items()}
+    group = f"bench-{prefix}-{uuid.uuid4()}"
+    with TreeCpu() as cpu:
+        run = run_plain(spark, world.settings, source, ends, parquet, group, plan)
+    events = full.summary.rows_in
+    stages, jobs = plain_stages(spark, run)
+    cells = cells_written(spark, parquet)
+    print(
+        f"10x: {prefix} ({plan} plan) {run.wall_s:.1f} s, {events / run.wall_s:,.0f} events/s, "
+        f"{cells} cells (no de-dup), CPU {cpu.seconds:.1f} s, stages {fields(stages, prefix)}; "
+        f"{jobs}",
+        flush=True,
+    )
+    full_rate, rate = events / full.wall_s, events / run.wall_s
+    return (
+        f"{prefix}_per_s={rate:.0f} {prefix}_wall_s={run.wall_s:.1f} {prefix}_cells={cells} "
+        f"vs_{prefix}={full_rate / rate:.2f} {prefix}_cpu_s={cpu.seconds:.1f} "
+        f"vs_{prefix}_cpu={cpu.seconds / full.cpu_s:.2f} {fields(stages, prefix)}"
+    )
+
+
+def expressions_run(spark: Any, world: World, full: Timed) -> str:
+    """A full run of `world` (the 10x topic, the metrics `with_expressions`); its BENCH fields.
+    A failure is reported (the traceback, `failed` on the BENCH line), not raised."""
+    try:
+        run = timed_run(world, spark, "full")
+    except Exception as exc:
+        traceback.print_exc()
+        print(f"10x: full run with expressions failed: {exc!r}", flush=True)
+        return "expr_events_per_s=failed expr_ratio=failed expr_cpu_s=failed expr_cpu_ratio=failed"
+    rate = run.summary.rows_in / run.wall_s
+    print(
+        f"10x: full run with expressions {run.wall_s:.1f} s, {rate:,.0f} events/s, "
+        f"{run.summary.rows_out} cells, skipped {run.summary.skipped}, CPU {run.cpu_s:.1f} s, "
+        f"phases {run.summary.timings}",
+        flush=True,
+    )
+    print(f"10x: expressions stages {fields(run.stages)}", flush=True)
+    print(f"10x: expressions Spark actions: {run.jobs}", flush=True)
+    full_rate = full.summary.rows_in / full.wall_s
+    return (
+        f"expr_events_per_s={rate:.0f} expr_ratio={rate / full_rate:.2f} "
+        f"expr_cpu_s={run.cpu_s:.1f} expr_cpu_ratio={full.cpu_s / run.cpu_s:.2f}"
+    )
 
 
 if __name__ == "__main__":
