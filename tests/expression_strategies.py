@@ -229,9 +229,9 @@ _LIKE_PATTERNS = [
     "'\\\\Q%'",
 ]
 
-# What an operand must be: a BOOLEAN, a BIGINT, a number, a STRING, or anything. Each
-# production below yields text whose kinds the parser finds to meet it.
-_WANTS = ("bool", "int", "num", "str", "any")
+# What an operand must be ("want"): a BOOLEAN ("bool"), a BIGINT ("int"), a number ("num"), a
+# STRING ("str"), or anything ("any"). Each production below yields text whose kinds the
+# parser finds to meet it.
 _COMPARABLE = ("bool", "num", "str")
 _DEPTH = 4
 
