@@ -358,7 +358,7 @@ def metric_inputs(
     (checked in order: `where`, key dimensions, value, sketch fields), shaped for hot loops: no
     object per event, one generator step per event."""
     if metric.definitions is not None:
-        yield from _defined_inputs(events_fields, times, metric)
+        yield from _defined_program(metric)(events_fields, times)
         return
     dims = metric.key
     value_field = metric.value
@@ -522,10 +522,3 @@ def _defined_program(
         sketch = f"({', '.join(items)},)" if items else "()"
         emit.line(f"yield {key}, {number}, {sketch}")
     return emit.function("metric_inputs", "events, times")
-
-
-def _defined_inputs(
-    events_fields: Iterable[dict[str, Any]], times: Iterable[int], metric: MetricPlan
-) -> Iterator[InputFields | Skipped | Filtered]:
-    """`metric_inputs` of a metric with `definitions` (`_defined_program`)."""
-    return _defined_program(metric)(events_fields, times)

@@ -20,6 +20,7 @@ from zoneinfo import ZoneInfo
 from shared.expressions.syntax import (
     BIGINT_MAX,
     BIGINT_MIN,
+    TIME_FUNCTIONS,
     ArithOp,
     CompareOp,
     Function,
@@ -147,11 +148,6 @@ def compare(op: CompareOp, a: Scalar, b: Scalar) -> bool | None:
     return bool(x >= y)
 
 
-def truth(a: Scalar) -> bool | None:
-    """A value as an operand of AND/OR/NOT/WHEN: a BOOLEAN is itself, anything else NULL."""
-    return a if type(a) is bool else None
-
-
 def cast(a: Scalar, to: Kind) -> Scalar:
     """`CAST(a AS to)`: text converts only when it is exactly a number's (or 'true'/'false'),
     a DOUBLE to BIGINT truncates within range, a DOUBLE has no text; else NULL."""
@@ -198,12 +194,6 @@ def like_regex(pattern: LikePattern) -> re.Pattern[str]:
     return re.compile(body, re.DOTALL)
 
 
-def like(a: Scalar, pattern: LikePattern) -> bool | None:
-    if type(a) is not str:
-        return None
-    return like_regex(pattern).fullmatch(a) is not None
-
-
 def round_half_away(x: float) -> float:
     """The integral DOUBLE nearest `x`, halves away from zero (exact: no `x + 0.5`)."""
     low = math.floor(x)
@@ -225,7 +215,7 @@ def call(function: Function, args: list[Scalar], zone: str | None) -> Scalar:
         if function is Function.LENGTH:
             return len(text)
         return _substr(text, args[1:])
-    if function in _TIME_FUNCTIONS:
+    if function in TIME_FUNCTIONS:
         return _date_part(function, first, 0 if zone is None else zone_offset_ms(first, zone))
     if type(first) is int:
         if function is Function.ABS:
@@ -247,7 +237,6 @@ def call(function: Function, args: list[Scalar], zone: str | None) -> Scalar:
 _TEXT_FUNCTIONS = frozenset(
     {Function.LOWER, Function.UPPER, Function.TRIM, Function.LENGTH, Function.SUBSTR}
 )
-_TIME_FUNCTIONS = frozenset({Function.HOUR, Function.DAY_OF_WEEK, Function.DATE})
 
 
 def _substr(text: str, bounds: list[Scalar]) -> Scalar:

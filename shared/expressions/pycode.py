@@ -44,6 +44,8 @@ from shared.expressions.syntax import (
     Not,
     Or,
     Scalar,
+    children,
+    walk,
 )
 
 _OPERATORS = {
@@ -151,7 +153,7 @@ class Emitter:
     def _prefetch(self, node: Node) -> None:
         if isinstance(node, Field):
             self.raw(node.path)
-        for child in _children(node):
+        for child in children(node):
             self._prefetch(child)
 
     def _value(self, node: Node) -> str:
@@ -306,17 +308,11 @@ class Emitter:
         return out
 
 
-def _children(node: Node) -> tuple[Node, ...]:
-    from shared.expressions.syntax import children
-
-    return children(node)
-
-
 def compile_node(node: Node) -> Callable[[Mapping[str, Any], int, Mapping[str, Scalar]], Scalar]:
     """A function evaluating `node` on one event: (JSON object, event time, computed fields by
     name) -> value."""
     emitter = Emitter()
-    names = {n.name for n in _walk(node) if isinstance(n, Computed)}
+    names = {n.name for n in walk(node) if isinstance(n, Computed)}
     for name in sorted(names):
         local = emitter.local()
         emitter.line(f"{local} = v[{name!r}]")
@@ -324,9 +320,3 @@ def compile_node(node: Node) -> Callable[[Mapping[str, Any], int, Mapping[str, S
     result = emitter.value(node)
     emitter.line(f"return {result}")
     return emitter.function("evaluate", "f, t, v")
-
-
-def _walk(node: Node) -> list[Node]:
-    from shared.expressions.syntax import walk
-
-    return walk(node)
