@@ -5,9 +5,9 @@ Two decoders that must agree ("Event validity" in docs/semantics.md): the shared
 whole block. The fast path only answers for blocks where it provably agrees; anything it
 cannot vouch for goes to the shared parser. It refuses a block when:
 
-- a value is missing, holds a line break (blocks are newline-delimited), is not UTF-8, or the
-  block contains `NaN`/`Infinity` (pyarrow accepts them, JSON does not) or a `\\u` escape
-  (lone surrogates are rejected by one parser and not always by the other);
+- `batch_layer.json_lines` refuses it (a value missing, holding a line break, possibly nesting
+  deeper than the shared parser reads; `NaN`/`Infinity` or a `\\u` escape in the block), or a
+  value is not UTF-8;
 - pyarrow fails on it: a field of another JSON type than the fast schema's (integer time and
   number value; text id, dimensions and distinct fields — so integer ids or dimensions, RFC
   3339 times, booleans, floats as times all fall back), a field given twice, a non-object;
@@ -19,9 +19,10 @@ cannot vouch for goes to the shared parser. It refuses a block when:
 A refused block is screened record by record with orjson (`Decoder._suspects`): the records
 the fast path would refuse, as far as a parsed record shows (not an object, a needed field
 missing, null or of another JSON type, a time out of range or too far in the future, a
-number too large, a line break or `\\u` escape), go to the shared parser and the rest is
-decoded fast again, in one `pyarrow.json` call: a call costs ~0.2-0.9 ms however few its
-records, so isolating each bad record by its own calls would cost more than the slow path.
+number too large, a line break or `\\u` escape, deep nesting), go to the shared parser and
+the rest is decoded fast again, in one `pyarrow.json` call: a call costs ~0.2-0.9 ms however
+few its records, so isolating each bad record by its own calls would cost more than the slow
+path.
 The screen only chooses which path a record takes: what the fast path answers still comes
 from a block pyarrow parsed whole and the checks above passed. What the screen cannot see
 (a field given twice) is found by splitting the refused rest in halves down to `_MIN_SPLIT`
@@ -44,11 +45,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
+from batch_layer.json_lines import json_lines, may_nest_deeply
+from batch_layer.raw_reads import (
+    RawRead,
+    ZoneRead,
+    arrow_columns,
+    column_types,
+    python_columns,
+    raw_reads,
+    zone_reads,
+)
 from shared.config import SourceConfig
-from shared.events import MAX_KEY_BYTES, MAX_TEXT_BYTES, canonical, decode_json, finite_number
-from shared.expressions import MISSING, from_json, read_path
-from shared.expressions.evaluate import zone_offset_ms
-from shared.expressions.syntax import Call, Field, Node, walk
+from shared.events import MAX_KEY_BYTES, MAX_TEXT_BYTES
 from shared.metric_plan import MetricPlan
 
 _RECORD_FIELDS = [
@@ -58,89 +66,6 @@ _RECORD_FIELDS = [
     ("event_id", pa.string()),
     ("malformed", pa.string()),
 ]
-
-
-@dataclass(frozen=True)
-class RawRead:
-    """How the metrics with definitions (rule 10 in docs/semantics.md) read one JSON path: its
-    columns `r<j><part>` are computed in Python from the decoded event, and Spark evaluates the
-    expressions and checks the inputs over them (`batch_layer.expressions`)."""
-
-    path: tuple[str, ...]
-    typed: bool
-    """Read by an expression: the value's kind parts `b` (BOOLEAN), `i` (BIGINT), `d` (DOUBLE)
-    and `s` (STRING), as `shared.expressions.from_json` reads it."""
-    text: bool
-    """Read as a text input (a key dimension, a distinct field): its canonical text `c`."""
-    number: bool
-    """Read as a number input (the value, a quantiles field): its finite number `n`."""
-
-    @property
-    def parts(self) -> tuple[tuple[str, pa.DataType], ...]:
-        """(part, Arrow type) of the columns this read needs; `m` says the path is absent."""
-        parts: list[tuple[str, pa.DataType]] = []
-        if self.typed:
-            parts += [("b", pa.bool_()), ("i", pa.int64()), ("d", pa.float64()), ("s", pa.string())]
-        if self.text:
-            parts.append(("c", pa.string()))
-        if self.number:
-            parts.append(("n", pa.float64()))
-        if self.text or self.number:
-            parts.append(("m", pa.bool_()))
-        return tuple(parts)
-
-
-@dataclass(frozen=True)
-class ZoneRead:
-    """A zone's UTC offset at an instant a zoned date part reads (`hour(ts, 'Europe/Berlin')`):
-    the event time (`path` None) or a field. Computed in Python with the speed layer's tz
-    database (`shared.expressions.zone_offset_ms`), so both layers agree on every instant."""
-
-    path: tuple[str, ...] | None
-    zone: str
-
-
-def zone_reads(metrics: Sequence[MetricPlan]) -> tuple[ZoneRead, ...]:
-    """Every (instant, zone) the metrics' zoned date parts read, once."""
-    reads: dict[ZoneRead, None] = {}
-    for m in metrics:
-        for root in _roots(m):
-            for node in walk(root):
-                if isinstance(node, Call) and node.zone is not None:
-                    instant = node.args[0]
-                    path = instant.path if isinstance(instant, Field) else None
-                    reads[ZoneRead(path, node.zone)] = None
-    return tuple(reads)
-
-
-def _roots(metric: MetricPlan) -> list[Node]:
-    """The expressions of a metric's definitions (none without)."""
-    definitions = metric.definitions
-    if definitions is None:
-        return []
-    roots = [node for _, node in definitions.fields]
-    return roots if definitions.where is None else [*roots, definitions.where]
-
-
-def raw_reads(metrics: Sequence[MetricPlan]) -> tuple[RawRead, ...]:
-    """Every JSON path the metrics with definitions read, once, with all the ways they read
-    it."""
-    typed: dict[tuple[str, ...], None] = {}
-    texts: dict[tuple[str, ...], None] = {}
-    numbers: dict[tuple[str, ...], None] = {}
-    for m in metrics:
-        definitions = m.definitions
-        if definitions is None:
-            continue
-        for root in _roots(m):
-            typed.update((n.path, None) for n in walk(root) if isinstance(n, Field))
-        for names, into in ((m.text_inputs, texts), (m.number_inputs, numbers)):
-            for name in names:
-                node = definitions.reference(name)
-                if isinstance(node, Field):
-                    into[node.path] = None
-    paths = dict.fromkeys([*typed, *texts, *numbers])
-    return tuple(RawRead(p, p in typed, p in texts, p in numbers) for p in paths)
 
 
 @dataclass(frozen=True)
@@ -189,10 +114,7 @@ class InputLayout:
 
     def raw_fields(self) -> list[tuple[str, pa.DataType]]:
         """The raw reads' and zone reads' columns, in order."""
-        fields = [
-            (f"r{j}{part}", kind) for j, read in enumerate(self.raw) for part, kind in read.parts
-        ]
-        return fields + [(f"z{k}", pa.int64()) for k in range(len(self.zones))]
+        return column_types(self.raw, self.zones)
 
     def arrow_schema(self) -> pa.Schema:
         """One row per record: the record's columns, the text and number columns, the skip
@@ -280,10 +202,13 @@ class Decoder:
             yield from self._decode(partition, offsets, create_times, values, screened=False)
             return
         at = 0
+        reads, zones = self.layout.raw, self.layout.zones
         for batch in self._decode(partition, offsets, create_times, values, screened=False):
-            times = batch.column("time_ms").to_pylist()
-            raw = _raw_columns(self.layout, values[at : at + batch.num_rows], times)
+            block, times = values[at : at + batch.num_rows], batch.column("time_ms")
             at += batch.num_rows
+            raw = arrow_columns(reads, zones, block, times) if self.fast else None
+            if raw is None:
+                raw = python_columns(reads, zones, block, times.to_pylist())
             columns = batch.columns[: batch.num_columns - len(raw)] + raw
             yield pa.RecordBatch.from_arrays(columns, schema=self.arrow_schema)
 
@@ -363,7 +288,13 @@ class Decoder:
         numbers = [name for name, kind in self._fields.items() if kind == pa.float64()]
         suspects = []
         for i, (created, value) in enumerate(zip(create_times, values, strict=True)):
-            if not value or b"\n" in value or b"\r" in value or b"\\u" in value:
+            if (
+                not value
+                or b"\n" in value
+                or b"\r" in value
+                or b"\\u" in value
+                or may_nest_deeply(value)
+            ):
                 suspects.append(i)
                 continue
             try:
@@ -399,16 +330,8 @@ class Decoder:
         from shared.events import MAX_EVENT_MS, MIN_EVENT_MS
 
         n = len(offsets)
-        if any(v is None for v in values):
-            raise _Refused
-        data = b"\n".join(values)  # type: ignore[arg-type]
-        if (
-            data.count(b"\n") != n - 1
-            or b"\r" in data
-            or b"NaN" in data
-            or b"Infinity" in data
-            or b"\\u" in data
-        ):
+        data = json_lines(values)
+        if data is None:
             raise _Refused
         try:
             data.decode("utf-8")
@@ -555,45 +478,3 @@ class _RowBuilder:
             for column, field in zip(self.columns, self.schema, strict=True)
         ]
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
-
-
-def _raw_columns(
-    layout: InputLayout, values: Sequence[bytes | None], times: Sequence[int | None]
-) -> list[pa.Array]:
-    """The raw reads' and zone reads' columns of `values` (a record that is not a JSON object
-    reads as one without fields; its row is malformed anyway)."""
-    columns: list[list[Any]] = []
-    readers = []
-    for read in layout.raw:
-        parts = {part: len(columns) + k for k, (part, _) in enumerate(read.parts)}
-        columns += [[] for _ in read.parts]
-        readers.append((read.path, parts))
-    offsets: list[list[int | None]] = [[] for _ in layout.zones]
-    for value, time_ms in zip(values, times, strict=True):
-        try:
-            event = decode_json(value) if value is not None else None
-        except (ValueError, RecursionError):
-            event = None
-        if type(event) is not dict:
-            event = {}
-        for path, parts in readers:
-            raw = read_path(event, path)
-            if "b" in parts:
-                typed = from_json(raw)
-                kind = type(typed)
-                columns[parts["b"]].append(typed if kind is bool else None)
-                columns[parts["i"]].append(typed if kind is int else None)
-                columns[parts["d"]].append(typed if kind is float else None)
-                columns[parts["s"]].append(typed if kind is str else None)
-            if "c" in parts:
-                columns[parts["c"]].append(canonical(raw))
-            if "n" in parts:
-                columns[parts["n"]].append(finite_number(raw))
-            if "m" in parts:
-                columns[parts["m"]].append(raw is MISSING)
-        for zone, into in zip(layout.zones, offsets, strict=True):
-            instant = time_ms if zone.path is None else from_json(read_path(event, zone.path))
-            into.append(zone_offset_ms(instant, zone.zone))
-    kinds = [kind for read in layout.raw for _, kind in read.parts]
-    arrays = [pa.array(column, type=kind) for column, kind in zip(columns, kinds, strict=True)]
-    return arrays + [pa.array(column, type=pa.int64()) for column in offsets]

@@ -1,7 +1,7 @@
 """The inputs of metrics with definitions (rule 10 in docs/semantics.md), computed in Spark.
 
 A metric with `fields`, a `where` or a nested input reads its events through its definitions.
-The data source gives the JSON paths they read as columns (`batch_layer.decode.RawRead`); here
+The data source gives the JSON paths they read as columns (`batch_layer.raw_reads.RawRead`); here
 the computed fields are evaluated as Spark columns (`batch_layer.expressions`, no Python UDF),
 then `where`, then each input is checked as `shared.events.metric_inputs` checks it, in the same
 order, so the first failing check gives the same skip reason in both layers.

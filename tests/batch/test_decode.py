@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from batch_layer.decode import Decoder
+from batch_layer.raw_reads import arrow_columns, python_columns
 from lambdactl.generator import GeneratorSpec, generate
 from shared.config import Settings
 from tests.conftest import platform_config
@@ -68,6 +69,14 @@ EDGE_CASES: list[bytes | None] = [
     b'{"ts": 1780000000000, "event_id": "z6", "page": "/p", "user_id": "u", "latency_ms": 1} x',
     b'{"ts": true, "event_id": "z7", "page": "/p", "user_id": "u"}',
     b'{"ts": 1780000000000, "event_id": "z8", "page": "/p", "user_id": "u", "latency_ms": "3"}',
+    *(  # nesting the shared parser refuses (RecursionError) and pyarrow reads
+        b'{"ts": 1780000000000, "event_id": "z9", "page": "/p", "user_id": "u", "latency_ms": 1'
+        + b', "deep": '
+        + b"[" * depth
+        + b"]" * depth
+        + b"}"
+        for depth in (600, 2000)
+    ),
 ]
 
 
@@ -147,3 +156,94 @@ def test_random_floats_decode_identically() -> None:
     slow, _ = _decode(block, fast=False)
     assert decoder.fast_records == 3000
     assert fast.to_pylist() == slow.to_pylist()
+
+
+DEFINED = Settings(
+    **{
+        **platform_config("decode"),
+        "metrics": [
+            {
+                "name": "defined",
+                "source": "pageviews",
+                "key": ["geo.country", "section"],
+                "value": "latency_ms",
+                "fields": {
+                    "section": "CASE WHEN page LIKE '/page/%' THEN 'pages' ELSE page END",
+                    "berlin_hour": "hour(ts, 'Europe/Berlin')",
+                    "at_hour": "hour(at, 'America/New_York')",
+                    "twice": "n * 2",
+                    "on": "flag OR n > 3",
+                },
+                "where": "latency_ms >= 0 OR page IS NULL",
+                "aggregations": ["count", "sum", "distinct(user_id)"],
+                "windows": ["1h"],
+            }
+        ],
+    }
+)
+DEFINED_METRICS = DEFINED.plans_of(DEFINED.sources[0])
+_BASE = b'"ts": 1780000000000, "event_id": "d", "page": "/p", "user_id": "u", "latency_ms": 1.5'
+DEFINED_EDGE_CASES: list[bytes | None] = [
+    b"{" + _BASE + b', "geo": {"country": "de"}, "n": 4, "flag": true, "at": 1780000000000}',
+    b"{" + _BASE + b', "geo": {"country": 7}, "n": 4.0, "flag": 1}',  # 4.0 is a DOUBLE
+    b"{" + _BASE + b', "geo": {"country": 99999999999999999999999}, "n": 1E2}',
+    b"{" + _BASE + b', "geo": "de", "n": 9223372036854775807}',
+    b"{" + _BASE + b', "geo": null, "n": -9223372036854775809}',
+    b"{" + _BASE + b', "geo": {"country": null}, "n": 9007199254740993}',
+    b"{" + _BASE + b', "geo": {"country": "x", "country": "y"}}',
+    b"{" + _BASE + b', "geo": {}, "at": 1780000000000.5, "user_id": 12}',
+    b"{" + _BASE + b', "geo": [], "at": "2026-01-01T00:00:00Z", "user_id": 1.5}',
+    b"{" + _BASE + b', "geo": {"country": "de"}, "deep": ' + b"[" * 600 + b"]" * 600 + b"}",
+    b"{" + _BASE + b', "geo": {"country": "de"}, "deep": ' + b"[" * 2000 + b"]" * 2000 + b"}",
+    b'{"ts": 1780000000000, "event_id": "d", "page": "/p", "latency_ms": 3, "n": -0.0}',
+    b'{"ts": 1780000000000, "event_id": "d", "page": 5, "latency_ms": 300000000000000000000}',
+]
+
+
+def _defined_block(n: int, seed: int) -> list[bytes | None]:
+    """Generator events with the fields the `defined` metric reads, some as integers."""
+    rng = random.Random(seed)
+    block: list[bytes | None] = []
+    for value in _clean(n, seed):
+        event = orjson.loads(value)  # type: ignore[arg-type]
+        event.update(n=rng.randrange(-5, 10), flag=rng.random() < 0.5, at=event["ts"] - 5)
+        if rng.random() < 0.01:
+            event["latency_ms"] = rng.randrange(100)  # an integer in a DOUBLE column
+        block.append(orjson.dumps(event))
+    return block
+
+
+def _decode_defined(block: list[bytes | None], *, fast: bool) -> list[dict[str, object]]:
+    decoder = Decoder(DEFINED.sources[0], DEFINED_METRICS, fast=fast)
+    offsets = list(range(len(block)))
+    batches = list(decoder.decode(0, offsets, [NOW] * len(block), block))
+    return pa.Table.from_batches(batches).sort_by("offset").to_pylist()
+
+
+def test_raw_reads_of_a_clean_block_come_from_one_arrow_parse() -> None:
+    """The columns the definitions read (rule 10) from pyarrow, integers written in a DOUBLE
+    column read again record by record: the same as reading every record in Python."""
+    layout = Decoder(DEFINED.sources[0], DEFINED_METRICS).layout
+    assert {r.path for r in layout.raw} >= {("geo", "country"), ("n",), ("at",), ("flag",)}
+    assert len(layout.zones) == 2
+    block = _defined_block(3000, 3)
+    times = pa.array([orjson.loads(v)["ts"] for v in block], pa.int64())  # type: ignore[arg-type]
+    fast = arrow_columns(layout.raw, layout.zones, block, times)
+    assert fast is not None, "a clean block is read by pyarrow"
+    slow = python_columns(layout.raw, layout.zones, block, times.to_pylist())
+    assert [c.to_pylist() for c in fast] == [c.to_pylist() for c in slow]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_raw_reads_of_salted_blocks_agree_with_the_shared_parser(seed: int) -> None:
+    rng = random.Random(seed)
+    block = _defined_block(5000, seed)
+    for case in [*EDGE_CASES, *DEFINED_EDGE_CASES]:
+        block.insert(rng.randrange(len(block) + 1), case)
+    assert _decode_defined(block, fast=True) == _decode_defined(block, fast=False)
+
+
+@pytest.mark.parametrize("case", DEFINED_EDGE_CASES)
+def test_each_raw_read_edge_case_alone(case: bytes | None) -> None:
+    block = [*_defined_block(3, 9), case]
+    assert _decode_defined(block, fast=True) == _decode_defined(block, fast=False)
