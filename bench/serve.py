@@ -21,6 +21,16 @@ starts the server as a subprocess, then measures:
 - `s1440`: the last day at 1m (1,440 cells straddling W) at a constant rate (target p99 <= 100 ms);
 - `s60`: the last hour at 1m (60 speed cells) at a constant rate (target p99 <= 50 ms);
 - `max_rps`: closed loop, concurrency 16, on the s60 query;
+- `vs_bare`: the server CPU an s60 request costs beside what FastAPI alone costs. The body of
+  one s60 answer is captured, and a bare FastAPI endpoint started in a process of its own
+  (`bare_endpoint`: uvicorn as `run_server` runs the real app, one worker, uvloop + httptools,
+  start-up objects frozen; one GET route at the series path answering those bytes as they are,
+  with no store read, no merge, no serialization: routing + HTTP). Each is sent the same
+  closed loop (16 concurrent, 3,000 s60 requests; `--quick` 1,500), the real server first,
+  and each server's CPU seconds (user + system of its process and worker processes) are read
+  before and after: `s60_cpu_ms` and `bare_cpu_ms` per request, `vs_bare_cpu` their ratio
+  (target <= 2), `s60_closed_rps` and `bare_rps` the rates of those loops (answers other
+  than 200, which cost less, are counted on the printed line);
 - `top_p99_ms`: `top` over a batch hour and over a speed minute, closed loop;
 - `raw_ms`: the underlying PostgreSQL statement + Redis call of one s1440 request, and the
   ratio of an unloaded request's median latency to it;
@@ -49,7 +59,9 @@ The newest event is placed so that W falls `W_MINUTE` minutes into an hour whate
 the run (the cost of a merged series of hours depends on it). `serving.max_cells` is raised to
 `GRID_MAX_CELLS`: merging every key's hourly cells over a day reads ~2 x 10^5 cells, past the
 default limit of 50,000 (a 400). `--profile DIR` records the server with
-py-spy (`DIR/<scenario>.txt`, folded stacks) during each grid scenario and s60_1000.
+py-spy (`DIR/<scenario>.txt`, folded stacks) during each grid scenario and s60_1000, and
+during `vs_bare`'s loops (`s60_cpu`, `bare_cpu`: the bare server's; their CPU is measured
+while sampled).
 
 The load generator runs on the same machine as the server (here: 2 cores, shared)."""
 
@@ -78,12 +90,16 @@ from urllib.parse import urlencode
 from urllib.request import urlopen
 
 import orjson
+import psutil
 import psycopg
 import pyarrow as pa
 import redis
 import redis.asyncio as aioredis
+import uvicorn
 import uvloop
 import yaml
+from fastapi import FastAPI
+from fastapi.responses import Response
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 
@@ -102,6 +118,7 @@ from shared.aggregations import CellState, encode_state, fold_inputs  # noqa: E4
 from shared.config import Settings  # noqa: E402
 from shared.db.cells import CELL_COLUMNS, BatchCell  # noqa: E402
 from shared.db.migrate import upgrade  # noqa: E402
+from shared.gc_tuning import freeze_startup_objects  # noqa: E402
 from shared.metric_plan import MetricPlan, versions_of  # noqa: E402
 from shared.speed_view import EPOCH_KEY, cell_key, encode_key, fence_key  # noqa: E402
 
@@ -390,9 +407,10 @@ async def closed_loop(
     concurrency: int,
     seconds: float | None = None,
     requests: int | None = None,
+    errors: Errors | None = None,
 ) -> tuple[float, float, float]:
     """Each worker sends its next request when the previous answered. Returns
-    (req/s, p50 ms, p99 ms)."""
+    (req/s, p50 ms, p99 ms); answers other than 200 are counted in `errors`, if given."""
     latencies: list[float] = []
     t0 = clock()
     deadline = None if seconds is None else t0 + seconds
@@ -404,8 +422,10 @@ async def closed_loop(
             while remaining[0] > 0 and (deadline is None or clock() < deadline):
                 remaining[0] -= 1
                 started = clock()
-                await client.get(paths())
+                status = await client.get(paths())
                 latencies.append((clock() - started) * 1000)
+                if errors is not None and status != 200:
+                    errors[status] += 1
         finally:
             client.close()
 
@@ -490,7 +510,11 @@ def start_server(config_path: Path, port: int, workers: int) -> subprocess.Popen
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAMBDA_")}
     env["LAMBDA_CONFIG"] = str(config_path)
     env["PYTHONPATH"] = str(ROOT)
-    server = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT)
+    return listening(subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT), port)
+
+
+def listening(server: subprocess.Popen[bytes], port: int) -> subprocess.Popen[bytes]:
+    """`server` once it accepts connections on `port` (killed if not within 30 s)."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -500,6 +524,109 @@ def start_server(config_path: Path, port: int, workers: int) -> subprocess.Popen
             time.sleep(0.1)
     server.kill()
     raise SystemExit("the server did not start")
+
+
+CPU_CONCURRENCY = 16
+CPU_REQUESTS = 3000
+"""The closed loops of `vs_bare` (`--quick`: half the requests)."""
+
+
+def bare_endpoint(port: int, body_file: str) -> None:
+    """The bare endpoint of `vs_bare` (run in its own process): FastAPI under uvicorn as
+    `run_server` runs the real app (one worker, uvloop + httptools, no access log, start-up
+    objects frozen), one GET route at the series path answering the bytes in `body_file` as
+    they are: routing and HTTP, no store read, no merge, no serialization."""
+    body = Path(body_file).read_bytes()
+    app = FastAPI()
+
+    @app.get(SERIES_ROUTE)
+    async def series(metric_name: str) -> Response:
+        return Response(body, media_type="application/json")
+
+    freeze_startup_objects(10_000)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="info", access_log=False)
+
+
+def start_bare(body_file: Path, port: int) -> subprocess.Popen[bytes]:
+    code = f"from bench.serve import bare_endpoint\nbare_endpoint({port}, {str(body_file)!r})\n"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return listening(subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT), port)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and of its live descendants (the worker
+    processes, with `--workers`)."""
+    root = psutil.Process(pid)
+    total = 0.0
+    for process in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+async def server_cpu(
+    port: int, pid: int, paths: Callable[[], str], requests: int
+) -> tuple[float, float, Errors]:
+    """(server CPU ms per request, req/s, errors) of `requests` sent in a closed loop, 16
+    concurrent."""
+    errors = Errors()
+    before = cpu_seconds(pid)
+    rps, _, _ = await closed_loop(
+        lambda: RawHttp("127.0.0.1", port), paths, CPU_CONCURRENCY, requests=requests, errors=errors
+    )
+    return (cpu_seconds(pid) - before) * 1000 / requests, rps, errors
+
+
+async def measure_vs_bare(
+    args: argparse.Namespace, port: int, server_pid: int, s60: Callable[[], str]
+) -> str:
+    """`vs_bare` (see the module's doc): the s60 query's server CPU per request against a
+    bare FastAPI endpoint answering the same body; returns its BENCH fields."""
+    requests = int(CPU_REQUESTS * (0.5 if args.quick else 1.0))
+    profile = None if args.profile is None else Path(args.profile)
+    if profile is not None:
+        profile.mkdir(parents=True, exist_ok=True)
+    client = RawHttp("127.0.0.1", port)
+    status, body = await client.fetch(s60())
+    client.close()
+    if status != 200:
+        raise SystemExit(f"s60: HTTP {status}: {body[:300]!r}")
+    with profiled(profile, server_pid, args.workers, "s60_cpu"):
+        real_ms, real_rps, real_errors = await server_cpu(port, server_pid, s60, requests)
+    with tempfile.TemporaryDirectory() as tmp:
+        body_file = Path(tmp) / "s60.json"
+        body_file.write_bytes(body)
+        bare_port = free_port()
+        bare = start_bare(body_file, bare_port)
+        try:
+            client = RawHttp("127.0.0.1", bare_port)
+            answer = await client.fetch(s60())
+            client.close()
+            if answer != (200, body):
+                raise SystemExit(f"bare endpoint: HTTP {answer[0]}: {answer[1][:300]!r}")
+            await closed_loop(  # warm up, as the real server is by now
+                lambda: RawHttp("127.0.0.1", bare_port), s60, CPU_CONCURRENCY, requests=300
+            )
+            with profiled(profile, bare.pid, 1, "bare_cpu"):
+                bare_ms, bare_rps, bare_errors = await server_cpu(
+                    bare_port, bare.pid, s60, requests
+                )
+        finally:
+            bare.terminate()
+            bare.wait(10)
+    ratio = real_ms / bare_ms
+    print(
+        f"vs_bare (closed loop, {CPU_CONCURRENCY} concurrent, {requests} s60 requests each; "
+        f"bare: a FastAPI route answering the same {len(body)} B body): server CPU per request "
+        f"{real_ms:.3f} ms vs {bare_ms:.3f} ms bare, {ratio:.2f}x (target <= 2x); "
+        f"{real_rps:.0f} vs {bare_rps:.0f} req/s; errors {real_errors} vs {bare_errors}",
+        flush=True,
+    )
+    return (
+        f"s60_cpu_ms={real_ms:.3f} bare_cpu_ms={bare_ms:.3f} vs_bare_cpu={ratio:.2f} "
+        f"s60_closed_rps={real_rps:.0f} bare_rps={bare_rps:.0f}"
+    )
 
 
 async def measure(
@@ -560,6 +687,7 @@ async def measure(
         f"p50 {max_p50:.1f} ms, p99 {max_p99:.1f} ms",
         flush=True,
     )
+    vs_bare = await measure_vs_bare(args, port, server_pid, series(HOUR))
     batch_hour = (watermark - 3 * HOUR) // HOUR * HOUR
     tops = [
         {"window": "1h", "at": format_time(batch_hour), "by": "count", "n": 10},
@@ -588,7 +716,7 @@ async def measure(
         f"BENCH serve workers={args.workers} s1440_rate={args.s1440_rate} "
         f"s1440_achieved_rps={s1440_rps:.1f} s1440_p99_ms={s1440_p99:.1f} s60_rate={args.s60_rate} "
         f"s60_achieved_rps={s60_rps:.1f} s60_p99_ms={s60_p99:.1f} max_rps={max_rps:.0f} "
-        f"top_p99_ms={top_p99:.1f} raw_ms={raw:.2f} ratio={request_ms / raw:.2f}"
+        f"top_p99_ms={top_p99:.1f} raw_ms={raw:.2f} ratio={request_ms / raw:.2f} {vs_bare}"
     )
     return head, await measure_grid(
         args, port, newest, server_pid, series(HOUR), settings.postgres.url
@@ -832,7 +960,9 @@ def main() -> None:
         "--workers", type=int, default=1, help="API processes (`lambdactl serve --workers`)"
     )
     parser.add_argument(
-        "--profile", metavar="DIR", help="py-spy the server during the grid scenarios into DIR"
+        "--profile",
+        metavar="DIR",
+        help="py-spy the server during the grid and vs_bare scenarios into DIR",
     )
     args = parser.parse_args()
 
