@@ -21,6 +21,7 @@ from batch_layer.defined_inputs import (
     with_defined_inputs,
 )
 from batch_layer.errors import UnpackablePositionError
+from batch_layer.raw_reads import JoinRead
 from batch_layer.rebuild_index import RebuildIndex, next_rebuild_index
 from shared.aggregations import (
     PLAIN_COLUMNS,
@@ -343,6 +344,7 @@ def aggregate_source(
     seen_ids: IdLookup | None = None,
     ids_known: Callable[[pa.Table], None] | None = None,
     time_range: tuple[int, int] | None = None,
+    versions: Mapping[JoinRead, DataFrame] | None = None,
 ) -> SourceResult:
     """De-dup, count and aggregate one source's metric-input rows.
 
@@ -364,9 +366,10 @@ def aggregate_source(
     Incremental runs pass `fresh_from` (partition -> first offset an earlier run has not read;
     rows before it, if any, are read only to find `rebuild_from`), `previous_index` (the served
     rebuild index) and `seen_ids` (the id table lookup).
-    Range runs pass `time_range`: only events in `[start, end)` are aggregated."""
+    Range runs pass `time_range`: only events in `[start, end)` are aggregated. Metrics with
+    lookups need their tables' `versions` (`batch_layer.lookups.read_versions`)."""
     read = read_plans(metrics)
-    rows = with_defined_inputs(rows, read).persist()
+    rows = with_defined_inputs(rows, read, versions).persist()
     try:
         is_valid = F.col("malformed").isNull()
         is_fresh = _fresh(fresh_from)

@@ -47,10 +47,12 @@ import pyarrow.json as pj
 
 from batch_layer.json_lines import json_lines, may_nest_deeply
 from batch_layer.raw_reads import (
+    JoinRead,
     RawRead,
     ZoneRead,
     arrow_columns,
     column_types,
+    join_reads,
     python_columns,
     raw_reads,
     zone_reads,
@@ -85,6 +87,8 @@ class InputLayout:
     """The JSON paths metrics with definitions read (their columns follow the skip reasons)."""
     zones: tuple[ZoneRead, ...] = ()
     """The zone offsets their zoned date parts read (columns `z<k>`, after the raw reads')."""
+    joins: tuple[JoinRead, ...] = ()
+    """The as-of joins of their lookups (columns added in Spark: `batch_layer.lookups`)."""
 
     @classmethod
     def of(cls, metrics: Sequence[MetricPlan]) -> InputLayout:
@@ -96,6 +100,7 @@ class InputLayout:
             len(metrics),
             raw_reads(metrics),
             zone_reads(metrics),
+            join_reads(metrics),
         )
 
     def text_column(self, field: str) -> str:
@@ -107,6 +112,20 @@ class InputLayout:
     def raw_column(self, path: tuple[str, ...], part: str) -> str:
         """The column of one part (see `RawRead.parts`) of a path's read."""
         return f"r{[r.path for r in self.raw].index(path)}{part}"
+
+    def join_of(self, metric: MetricPlan, alias: str) -> int:
+        """The join (its index in `joins`) a metric's lookup named `alias` reads."""
+        lookup = next(lookup for lookup in metric.lookups if lookup.alias == alias)
+        return next(
+            q
+            for q, join in enumerate(self.joins)
+            if join.table.name == lookup.table.name and join.on == lookup.on
+        )
+
+    def joined_column(self, join: int, path: tuple[str, ...], part: str) -> str:
+        """The column of one part of a path read in a join's version (relative to the
+        lookup's name)."""
+        return f"j{join}r{[r.path for r in self.joins[join].reads].index(path)}{part}"
 
     def zone_column(self, path: tuple[str, ...] | None, zone: str) -> str:
         """The column of a zone's offsets at the event time (`path` None) or a field."""

@@ -15,13 +15,22 @@ expression reading a computed field reads its columns rather than copying its tr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from batch_layer.decode import InputLayout
-from batch_layer.expressions import SparkValue, Stages, compile_value, is_true
+from batch_layer.expressions import (
+    SparkValue,
+    Stages,
+    compile_value,
+    is_true,
+    number_of,
+    text_of,
+)
+from batch_layer.lookups import with_lookups
+from batch_layer.raw_reads import JoinRead
 from shared.events import MAX_KEY_BYTES, MAX_TEXT_BYTES, VALUE_LIMIT
 from shared.expressions.syntax import Computed, EventTime, Field, Node
 from shared.metric_plan import MetricPlan
@@ -33,10 +42,19 @@ nor skipped."""
 _PARTS = ("boolean", "bigint", "double", "string")
 
 
-def with_defined_inputs(rows: DataFrame, metrics: Sequence[MetricPlan]) -> DataFrame:
+def with_defined_inputs(
+    rows: DataFrame,
+    metrics: Sequence[MetricPlan],
+    versions: Mapping[JoinRead, DataFrame] | None = None,
+) -> DataFrame:
     """`rows` (laid out by `InputLayout.of(metrics)`) with the columns of every metric that
-    has definitions."""
+    has definitions, after the joins of their lookups with the tables' `versions` (rule 11,
+    `batch_layer.lookups`)."""
     layout = InputLayout.of(metrics)
+    if layout.joins:
+        if versions is None:
+            raise ValueError("the metrics join tables: give their versions")
+        rows = with_lookups(rows, layout, versions)
     for i, metric in enumerate(metrics):
         if metric.definitions is not None:
             rows = _Metric(i, metric, layout).columns(rows)
@@ -64,14 +82,23 @@ class _Metric:
         self.layout = layout
         self.computed: dict[str, SparkValue] = {}
         self.raws: dict[tuple[str, ...], SparkValue] = {}
+        self.aliases = {lookup.alias for lookup in metric.lookups}
 
     def raw(self, path: tuple[str, ...]) -> SparkValue:
         """A raw JSON field's parts: one object per path, so the stages name them once."""
         value = self.raws.get(path)
         if value is None:
-            column = self.layout.raw_column
-            value = self.raws[path] = SparkValue(*(F.col(column(path, part)) for part in "bids"))
+            parts = (F.col(self.column(path, part)) for part in "bids")
+            value = self.raws[path] = SparkValue(*parts)
         return value
+
+    def column(self, path: tuple[str, ...], part: str) -> str:
+        """The column of one part of a path the metric reads: the event's, or the joined
+        version's when the path starts with a lookup's name (rule 11)."""
+        if path[0] in self.aliases:
+            join = self.layout.join_of(self.metric, path[0])
+            return self.layout.joined_column(join, path[1:], part)
+        return self.layout.raw_column(path, part)
 
     def zone_offset(self, instant: Field | EventTime, zone: str) -> Column:
         path = instant.path if isinstance(instant, Field) else None
@@ -134,7 +161,7 @@ class _Metric:
             absent = F.lit(True) if not present else _all(*(c.isNull() for c in present))
             return node, value, absent
         if isinstance(node, Field):
-            return node, None, F.col(self.layout.raw_column(node.path, "m"))
+            return node, None, F.col(self.column(node.path, "m"))
         return node, None, F.lit(False)
 
     def text(self, name: str, prefix: str, *, checked: bool) -> tuple[Column, Column]:
@@ -142,17 +169,12 @@ class _Metric:
         key dimension, which the batch view stores)."""
         node, value, absent = self._read(name)
         if value is not None:
-            candidates = [
-                value.string,
-                None if value.bigint is None else value.bigint.cast("string"),
-            ]
-            present = [c for c in candidates if c is not None]
-            text = F.coalesce(*present) if present else F.lit(None).cast("string")
+            text = text_of(value)
         elif isinstance(node, EventTime):
             text = F.col("time_ms").cast("string")
         else:
             assert isinstance(node, Field)
-            text = F.col(self.layout.raw_column(node.path, "c"))
+            text = F.col(self.column(node.path, "c"))
         reason = F.when(
             text.isNull(),
             F.when(absent, F.lit(f"{prefix}_missing")).otherwise(F.lit(f"{prefix}_invalid")),
@@ -167,29 +189,17 @@ class _Metric:
         """An input's finite number and its skip reason."""
         node, value, absent = self._read(name)
         if value is not None:
-            candidates = [
-                value.double,
-                None if value.bigint is None else value.bigint.cast("double"),
-            ]
-            present = [c for c in candidates if c is not None]
-            number = F.coalesce(*present) if present else F.lit(None).cast("double")
+            number = number_of(value)
         elif isinstance(node, EventTime):
             number = F.col("time_ms").cast("double")
         else:
             assert isinstance(node, Field)
-            number = F.col(self.layout.raw_column(node.path, "n"))
+            number = F.col(self.column(node.path, "n"))
         reason = F.when(
             number.isNull(),
             F.when(absent, F.lit(f"{prefix}_missing")).otherwise(F.lit(f"{prefix}_invalid")),
         ).when(F.abs(number) >= F.lit(VALUE_LIMIT), F.lit(f"{prefix}_out_of_range"))
         return number, reason
-
-
-def _part_or_bigint(part: Column | None, bigint: Column | None, kind: str) -> Column:
-    """A computed value's `part` (its STRING or DOUBLE), else its BIGINT cast to `kind`: the
-    text or number an input reads (NULL for a BOOLEAN, or when the value can have neither)."""
-    present = [c for c in (part, None if bigint is None else bigint.cast(kind)) if c is not None]
-    return F.coalesce(*present) if present else F.lit(None).cast(kind)
 
 
 def _all(*conditions: Column) -> Column:

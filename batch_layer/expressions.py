@@ -95,6 +95,23 @@ class SparkValue:
         return part
 
 
+def text_of(value: SparkValue) -> Column:
+    """A value's canonical text (`shared.events.canonical`), as a key dimension reads it: a
+    STRING itself, a BIGINT its decimal text, anything else NULL."""
+    return _part_or_bigint(value.string, value.bigint, "string")
+
+
+def number_of(value: SparkValue) -> Column:
+    """A value's number, as the value field reads it: a DOUBLE, a BIGINT as DOUBLE, anything
+    else NULL."""
+    return _part_or_bigint(value.double, value.bigint, "double")
+
+
+def _part_or_bigint(part: Column | None, bigint: Column | None, kind: str) -> Column:
+    present = [c for c in (part, None if bigint is None else bigint.cast(kind)) if c is not None]
+    return F.coalesce(*present) if present else F.lit(None).cast(kind)
+
+
 def is_true(value: SparkValue) -> Column:
     """A `where` condition: TRUE only where the value is BOOLEAN true, never NULL."""
     if value.boolean is None:

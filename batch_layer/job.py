@@ -20,8 +20,10 @@ from psycopg.types.json import Jsonb
 from pyspark.sql import SparkSession
 
 from batch_layer.aggregate import SourceResult, aggregate_source
+from batch_layer.decode import InputLayout
 from batch_layer.errors import RunNotExecutable
 from batch_layer.kafka_source import plan_slices
+from batch_layer.lookups import read_versions
 from batch_layer.progress import SPARK_SHARE, RunProgress
 from batch_layer.publish import Publication
 from batch_layer.run_plan import Results, RunPlan, plan_run
@@ -223,10 +225,17 @@ def _read_and_aggregate(
             "metrics",
             orjson.dumps([m.config.model_dump(mode="json") for m in read_plans(metrics)]).decode(),
         )
+        .option("tables", orjson.dumps([t.model_dump() for t in settings.tables]).decode())
         .option("slices", orjson.dumps(slices).decode())
         .option("fast_path", "true" if settings.spark.fast_path else "false")
         .load()
     )
+
+    joins = InputLayout.of(read_plans(metrics)).joins
+    versions = {
+        join: read_versions(spark, settings, join, plan.snapshot[join.table.topic])
+        for join in joins
+    }
 
     def watermarks_of(stream_times: dict[int, int]) -> int | None:
         for metric in metrics:
@@ -245,6 +254,7 @@ def _read_and_aggregate(
         seen_ids=plan.seen_ids(settings, source),
         ids_known=ids_known,
         time_range=plan.time_range,
+        versions=versions,
     )
     summary.rows_in += result.rows_in
     summary.malformed += result.malformed

@@ -6,6 +6,7 @@ Format name `lambda_kafka`. Options:
   servers, TLS, SASL), from `shared.kafka.reader_options`;
 - `source`: the source config as JSON (`SourceConfig.model_dump_json()`);
 - `metrics`: a JSON list of the source's metric configs;
+- `tables`: a JSON list of the table configs their lookups join (rule 11);
 - `slices`: a JSON list of `[partition, start_offset, end_offset]` (end exclusive), at most
   `max_offsets_per_slice` offsets each: one Spark input partition per slice;
 - `fast_path` (default `true`): decode blocks of records with `pyarrow.json` where that
@@ -44,7 +45,7 @@ from pyspark.sql.types import StructType
 
 from batch_layer.decode import Decoder, InputLayout
 from batch_layer.errors import ReadStalledError
-from shared.config import MetricConfig, SourceConfig
+from shared.config import MetricConfig, SourceConfig, TableConfig
 from shared.gc_tuning import collector_paused
 from shared.kafka import client_config_of_options
 from shared.metric_plan import MetricPlan, compile_plan
@@ -136,8 +137,9 @@ def _plans(options: Mapping[str, str]) -> list[MetricPlan]:
     """The metrics' plans, compiled from the options' definitions (the plan itself does not
     cross to the Python workers: the definitions are its one serialized form)."""
     source = _source(options)
+    tables = [TableConfig.model_validate(t) for t in orjson.loads(options.get("tables", "[]"))]
     return [
-        compile_plan(MetricConfig.model_validate(m), source)
+        compile_plan(MetricConfig.model_validate(m), source, tables)
         for m in orjson.loads(options["metrics"])
     ]
 
@@ -149,12 +151,16 @@ class Records:
     offsets: list[int]
     create_times: list[int]
     values: list[bytes | None]
+    keys: list[bytes | None] | None = None
+    """The records' keys, when asked for (`read_slice(keys=True)`)."""
 
 
-def read_slice(client: Mapping[str, str], topic: str, part: Slice) -> Iterator[Records]:
-    """The offsets, CreateTimes (ms) and values of every committed record in the slice, one
-    fetch at a time (columns built by comprehensions: no per-record Python frames). `client`:
-    the settings that reach the cluster (`shared.kafka.client_config`)."""
+def read_slice(
+    client: Mapping[str, str], topic: str, part: Slice, *, keys: bool = False
+) -> Iterator[Records]:
+    """The offsets, CreateTimes (ms), values (and `keys`) of every committed record in the
+    slice, one fetch at a time (columns built by comprehensions: no per-record Python frames).
+    `client`: the settings that reach the cluster (`shared.kafka.client_config`)."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(
@@ -192,6 +198,7 @@ def read_slice(client: Mapping[str, str], topic: str, part: Slice) -> Iterator[R
                     offsets,
                     [m.timestamp()[1] for m in messages],
                     [m.value() for m in messages],
+                    [m.key() for m in messages] if keys else None,
                 )
             current = consumer.position([TopicPartition(topic, part.partition)])[0].offset
             if current > position:

@@ -22,8 +22,9 @@ Two ways to compute them, which must agree:
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from batch_layer.json_lines import json_lines
+from shared.config import TableConfig
 from shared.events import canonical, decode_json, finite_number
 from shared.expressions import MISSING, from_json, read_path
 from shared.expressions.evaluate import zone_offset_ms
@@ -92,33 +94,92 @@ def zone_reads(metrics: Sequence[MetricPlan]) -> tuple[ZoneRead, ...]:
 
 
 def _roots(metric: MetricPlan) -> list[Node]:
-    """The expressions of a metric's definitions (none without)."""
+    """The expressions of a metric's definitions (none without), its lookups' `on` first."""
     definitions = metric.definitions
     if definitions is None:
         return []
-    roots = [node for _, node in definitions.fields]
+    roots = [lookup.on for lookup in metric.lookups]
+    roots += [node for _, node in definitions.fields]
     return roots if definitions.where is None else [*roots, definitions.where]
 
 
 def raw_reads(metrics: Sequence[MetricPlan]) -> tuple[RawRead, ...]:
-    """Every JSON path the metrics with definitions read, once, with all the ways they read
-    it."""
+    """Every JSON path of the events the metrics with definitions read, once, with all the
+    ways they read it (not the paths of their lookups, which the joined tables give)."""
+    return _reads(metrics, lambda metric, path: path[0] not in _aliases(metric))
+
+
+def _aliases(metric: MetricPlan) -> set[str]:
+    return {lookup.alias for lookup in metric.lookups}
+
+
+def _reads(
+    metrics: Sequence[MetricPlan],
+    wanted: Callable[[MetricPlan, tuple[str, ...]], tuple[str, ...] | bool],
+) -> tuple[RawRead, ...]:
+    """The paths the metrics' definitions read that `wanted` keeps (as the path it gives, or
+    as it is when it gives True), with every way they are read."""
     typed: dict[tuple[str, ...], None] = {}
     texts: dict[tuple[str, ...], None] = {}
     numbers: dict[tuple[str, ...], None] = {}
+
+    def keep(metric: MetricPlan, path: tuple[str, ...], into: dict[tuple[str, ...], None]) -> None:
+        kept = wanted(metric, path)
+        if kept is True:
+            into[path] = None
+        elif kept:
+            into[kept] = None
+
     for m in metrics:
         definitions = m.definitions
         if definitions is None:
             continue
         for root in _roots(m):
-            typed.update((n.path, None) for n in walk(root) if isinstance(n, Field))
+            for node in walk(root):
+                if isinstance(node, Field):
+                    keep(m, node.path, typed)
         for names, into in ((m.text_inputs, texts), (m.number_inputs, numbers)):
             for name in names:
                 node = definitions.reference(name)
                 if isinstance(node, Field):
-                    into[node.path] = None
+                    keep(m, node.path, into)
     paths = dict.fromkeys([*typed, *texts, *numbers])
     return tuple(RawRead(p, p in typed, p in texts, p in numbers) for p in paths)
+
+
+@dataclass(frozen=True)
+class JoinRead:
+    """One as-of join of a source's events with a table (rule 11 in docs/semantics.md), shared
+    by every metric joining `table` on the same `on`: the event's key text is column `j<q>`,
+    and each path the metrics read in the joined version (`reads`, relative to the lookup's
+    name) has the columns `j<q>r<k><part>` of `RawRead.parts`."""
+
+    table: TableConfig
+    on: Node
+    reads: tuple[RawRead, ...]
+
+
+def join_reads(metrics: Sequence[MetricPlan]) -> tuple[JoinRead, ...]:
+    """Every distinct (table, `on`) the metrics join, with what they read of it."""
+    joins: dict[tuple[str, Node], TableConfig] = {}
+    for m in metrics:
+        for lookup in m.lookups:
+            joins[(lookup.table.name, lookup.on)] = lookup.table
+    return tuple(
+        JoinRead(table, on, _reads(metrics, partial(_inside, name, on)))
+        for (name, on), table in joins.items()
+    )
+
+
+def _inside(
+    table: str, on: Node, metric: MetricPlan, path: tuple[str, ...]
+) -> tuple[str, ...] | bool:
+    """`path` relative to the version joined from `table` on `on`, when the metric reads it
+    through such a lookup."""
+    for lookup in metric.lookups:
+        if lookup.table.name == table and lookup.on == on and path[0] == lookup.alias:
+            return path[1:]
+    return False
 
 
 def column_types(

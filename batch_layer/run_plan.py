@@ -12,7 +12,8 @@ plan the same way.
   the served snapshot; only the cells in that range are replaced; W never moves.
 
 An incremental or range run whose served cells were computed with other metric versions (or
-with no served view at all) executes as `full`."""
+with no served view at all) executes as `full`, and so does an incremental run when a table
+some metric joins changed since the served snapshot (rule 11)."""
 
 from __future__ import annotations
 
@@ -235,6 +236,15 @@ def plan_run(
                         f"{topic}[{partition}] ends at offset {end}, before the served snapshot; "
                         "the topic was recreated: queue a full run"
                     )
+        changed = _changed_tables(settings, snapshot, served)
+        if changed:
+            log.info(
+                "run %s: joined tables %s changed since the served snapshot (rule 11); "
+                "running full",
+                record.id,
+                changed,
+            )
+            return FullRun(snapshot, served)
         return IncrementalRun(snapshot, served)
     assert record.range_start_ms is not None and record.range_end_ms is not None
     plans = settings.plans.values()
@@ -248,6 +258,14 @@ def plan_run(
     )
     time_range = (min(r[3] for r in replaced), max(r[4] for r in replaced))
     return RangeRun(served.snapshot, served, time_range, replaced)
+
+
+def _changed_tables(settings: Settings, snapshot: Snapshot, served: ServedView) -> list[str]:
+    """The tables some metric joins that hold records past the served snapshot."""
+    joined = {lookup.table for m in settings.plans.values() for lookup in m.lookups}
+    return sorted(
+        table.name for table in joined if snapshot[table.topic] != served.snapshot.get(table.topic)
+    )
 
 
 def _id_lookup(postgres_url: str, source: str) -> IdLookup:

@@ -1,4 +1,5 @@
-"""Rule 5's offset snapshot: per partition, the last stable offset, taken once per run."""
+"""Rule 5's offset snapshot: per partition of every source and table (rule 11), the last stable
+offset, taken once per run."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ Snapshot = dict[str, dict[str, int]]
 
 def take_snapshot(settings: Settings) -> Snapshot:
     admin = admin_client(settings)
+    topics = [(s.topic, s.partitions) for s in settings.sources]
+    topics += [(t.topic, t.partitions) for t in settings.tables]
     wanted = {
-        TopicPartition(source.topic, p): OffsetSpec.latest()
-        for source in settings.sources
-        for p in range(source.partitions)
+        TopicPartition(topic, p): OffsetSpec.latest()
+        for topic, partitions in topics
+        for p in range(partitions)
     }
     futures = admin.list_offsets(wanted, isolation_level=IsolationLevel.READ_COMMITTED)
-    snapshot: Snapshot = {source.topic: {} for source in settings.sources}
+    snapshot: Snapshot = {topic: {} for topic, _ in topics}
     for tp, future in futures.items():
         snapshot[tp.topic][str(tp.partition)] = future.result(timeout=30).offset
     return snapshot

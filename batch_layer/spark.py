@@ -48,8 +48,10 @@ def spark_session(settings: Settings) -> SparkSession:
     if not settings.spark.master.startswith("local"):
         spark.sparkContext.addPyFile(str(_code_zip()))
     from batch_layer.kafka_source import KafkaMetricInputs
+    from batch_layer.lookups import KafkaTableVersions
 
     spark.dataSource.register(KafkaMetricInputs)
+    spark.dataSource.register(KafkaTableVersions)
     return spark
 
 

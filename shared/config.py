@@ -99,11 +99,74 @@ class SourceConfig(_Strict):
         return f"{self.topic}.late"
 
 
+class TableConfig(_Strict):
+    """A keyed, versioned lookup table: a Kafka topic of JSON records, each a version of its
+    key's row valid from its time (rule 11 in docs/semantics.md). Kept forever, like a source:
+    its history is part of the master dataset."""
+
+    name: str
+    topic: str
+    key_field: str
+    """The field holding a record's key (text or integer; compared by its text)."""
+    time_field: str | None = None
+    """The field a version is valid from (epoch ms or RFC 3339); unset: the record's
+    timestamp."""
+    partitions: int = Field(default=1, ge=1, le=1024)
+
+    @field_validator("name", "topic")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        return _check_name(value, "table name/topic")
+
+    @field_validator("key_field", "time_field")
+    @classmethod
+    def _valid_field(cls, value: str | None) -> str | None:
+        if value is not None and not _FIELD.fullmatch(value):
+            raise ValueError(f"field name {value!r} must be non-empty with no spaces")
+        return value
+
+    @property
+    def dlq_topic(self) -> str:
+        return f"{self.topic}.dlq"
+
+
+class LookupConfig(_Strict):
+    """An as-of join of a metric's events with a table (rule 11): `as` names the matched
+    version, whose fields the metric reads as `<as>.<field>`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    table: str
+    on: str
+    """The event's join key: a field or an expression over the event's fields."""
+    alias: str = Field(alias="as")
+
+    @field_validator("alias")
+    @classmethod
+    def _valid_alias(cls, value: str) -> str:
+        if not _COMPUTED.fullmatch(value):
+            raise ValueError(
+                f"lookup name (as) {value!r} must be a letter or '_' followed by letters, "
+                "digits or '_'"
+            )
+        return value
+
+    @field_validator("on")
+    @classmethod
+    def _valid_on(cls, on: str) -> str:
+        from shared.expressions import compile_definitions
+
+        compile_definitions(None, {"on": on}, None)
+        return on
+
+
 class MetricConfig(_Strict):
     """A windowed aggregate over one source, keyed by zero or more dimensions."""
 
     name: str
     source: str
+    lookups: tuple[LookupConfig, ...] = ()
+    """Tables joined to each event as of its time (rule 11), before `fields` and `where`."""
     fields: Annotated[tuple[tuple[str, str], ...], BeforeValidator(_pairs)] = ()
     """Computed fields: (name, SQL expression) by name; the YAML writes a mapping (rule 10 in
     docs/semantics.md)."""
@@ -122,6 +185,14 @@ class MetricConfig(_Strict):
     @classmethod
     def _valid_name(cls, value: str) -> str:
         return _check_name(value, "metric name")
+
+    @field_validator("lookups")
+    @classmethod
+    def _valid_lookups(cls, lookups: tuple[LookupConfig, ...]) -> tuple[LookupConfig, ...]:
+        aliases = [lookup.alias for lookup in lookups]
+        if len(set(aliases)) != len(aliases):
+            raise ValueError(f"lookup names (as) must be distinct: {aliases}")
+        return lookups
 
     @field_validator("fields")
     @classmethod
@@ -479,6 +550,7 @@ class Settings(BaseSettings):
     """`local`: the laptop stack, open API allowed. Anything else is a deployment, where the
     API refuses to start without tokens unless `auth.allow_open` is set."""
     sources: tuple[SourceConfig, ...] = ()
+    tables: tuple[TableConfig, ...] = ()
     metrics: tuple[MetricConfig, ...] = ()
     batch: BatchConfig = BatchConfig()
     kafka: KafkaSettings = KafkaSettings()
@@ -506,6 +578,12 @@ class Settings(BaseSettings):
         names = [s.name for s in self.sources]
         if len(set(names)) != len(names):
             raise ValueError("source names must be unique")
+        tables = [t.name for t in self.tables]
+        if len(set(tables)) != len(tables):
+            raise ValueError("table names must be unique")
+        topics = [s.topic for s in self.sources] + [t.topic for t in self.tables]
+        if len(set(topics)) != len(topics):
+            raise ValueError("every source and table needs a topic of its own")
         metric_names = [m.name for m in self.metrics]
         if len(set(metric_names)) != len(metric_names):
             raise ValueError("metric names must be unique")
@@ -515,8 +593,26 @@ class Settings(BaseSettings):
                     f"metric {metric.name!r} names source {metric.source!r}, which is not "
                     f"configured; configured sources: {names or 'none'}"
                 )
+            for lookup in metric.lookups:
+                if lookup.table not in tables:
+                    raise ValueError(
+                        f"metric {metric.name!r}: lookup {lookup.alias!r} names table "
+                        f"{lookup.table!r}, which is not configured; configured tables: "
+                        f"{tables or 'none'}"
+                    )
             _check_expressions(metric, self.source(metric.source))
+        if any(m.lookups for m in self.metrics):
+            from shared.metric_plan import compile_plan
+
+            for metric in self.metrics:  # what only the plan sees: what lookups read
+                try:
+                    compile_plan(metric, self.source(metric.source), self.tables)
+                except ValueError as exc:
+                    raise ValueError(f"metric {metric.name!r}: {exc}") from None
         return self
+
+    def table(self, name: str) -> TableConfig:
+        return next(t for t in self.tables if t.name == name)
 
     def source(self, name: str) -> SourceConfig:
         return next(s for s in self.sources if s.name == name)
@@ -530,7 +626,7 @@ class Settings(BaseSettings):
         Imported here: the plan module builds on this one."""
         from shared.metric_plan import compile_plans
 
-        return compile_plans(self.sources, self.metrics)
+        return compile_plans(self.sources, self.metrics, self.tables)
 
     def plan(self, name: str) -> MetricPlan | None:
         return self.plans.get(name)
@@ -541,7 +637,7 @@ class Settings(BaseSettings):
 
 def _check_expressions(metric: MetricConfig, source: SourceConfig) -> None:
     """What a metric's expressions can only be checked against with its source: the time field
-    is the event time there (a BIGINT), and no computed field may take its name."""
+    is the event time there (a BIGINT), and no computed field or lookup may take its name."""
     from shared.expressions import compile_definitions
 
     fields = dict(metric.fields)
@@ -550,6 +646,12 @@ def _check_expressions(metric: MetricConfig, source: SourceConfig) -> None:
             f"metric {metric.name!r}: fields.{source.time_field}: the source's time field "
             "already has that name (the event time); name the computed field differently"
         )
+    for lookup in metric.lookups:
+        if lookup.alias in fields or lookup.alias == source.time_field:
+            raise ValueError(
+                f"metric {metric.name!r}: lookup {lookup.alias!r} has the name of a computed "
+                "field or of the time field; name it differently"
+            )
     try:
         compile_definitions(metric.where, fields, source.time_field)
     except ValueError as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from functools import lru_cache
@@ -183,6 +183,8 @@ for hot loops that cannot afford an object per event."""
 
 InputFields = tuple[tuple[str, ...], float | None, tuple[str | float, ...]]
 """`MetricInput`'s content as a plain tuple (key, value, sketch items)."""
+AsOf = Callable[[str | None, int], "dict[str, Any] | None"]
+"""A table's as-of join (rule 11): the fields of a key's version valid at an event time."""
 
 
 def parse_record(
@@ -263,9 +265,11 @@ def text_fault(text: str) -> str | None:
     return None
 
 
-def metric_input(event: SourceEvent, metric: MetricPlan) -> MetricInput | Skipped | Filtered:
+def metric_input(
+    event: SourceEvent, metric: MetricPlan, tables: Mapping[str, AsOf] | None = None
+) -> MetricInput | Skipped | Filtered:
     """Metric-level validity: the event's canonical key, value and distinct values."""
-    for contribution in metric_inputs((event.fields,), metric, (event.time_ms,)):
+    for contribution in metric_inputs((event.fields,), metric, (event.time_ms,), tables):
         if type(contribution) is Skipped or type(contribution) is Filtered:
             return contribution
         return MetricInput(*contribution)
@@ -351,14 +355,22 @@ def _sketch_items(
 
 
 def metric_inputs(
-    events_fields: Iterable[dict[str, Any]], metric: MetricPlan, times: Iterable[int] = ()
+    events_fields: Iterable[dict[str, Any]],
+    metric: MetricPlan,
+    times: Iterable[int] = (),
+    tables: Mapping[str, AsOf] | None = None,
 ) -> Iterator[InputFields | Skipped | Filtered]:
     """`metric_input` over many events' fields (and times, which a metric with `definitions`
     reads), one result per event, as plain tuples: the one definition of metric-level validity
     (checked in order: `where`, key dimensions, value, sketch fields), shaped for hot loops: no
-    object per event, one generator step per event."""
+    object per event, one generator step per event. A metric with lookups (rule 11) joins each
+    event with `tables` (by table name), each answering the version valid for a key at a
+    time."""
     if metric.definitions is not None:
-        yield from _defined_program(metric)(events_fields, times)
+        joins = tuple(tables[lookup.table.name] for lookup in metric.lookups) if tables else ()
+        if len(joins) != len(metric.lookups):
+            raise ValueError(f"metric {metric.name!r} joins tables: give them (`tables`)")
+        yield from _defined_program(metric)(events_fields, times, joins)
         return
     dims = metric.key
     value_field = metric.value
@@ -427,7 +439,8 @@ def _absent(raw: Any, computed: bool) -> bool:
 def _defined_program(
     metric: MetricPlan,
 ) -> Callable[
-    [Iterable[dict[str, Any]], Iterable[int]], Iterator[InputFields | Skipped | Filtered]
+    [Iterable[dict[str, Any]], Iterable[int], tuple[AsOf, ...]],
+    Iterator[InputFields | Skipped | Filtered],
 ]:
     """`metric_inputs` of a metric with `definitions`, as one generated function
     (`shared.expressions.pycode`): computed fields evaluated once per event, then `where`,
@@ -457,20 +470,20 @@ def _defined_program(
         if isinstance(node, EventTime):
             return "t", False
         local = emit.local()
-        path = split_path(name)
-        source = (
-            f"f.get({path[0]!r}, MISSING)"
-            if len(path) == 1
-            else f"_read_path(f, {emit.constant(path)})"
-        )
-        emit.line(f"{local} = {source}")
+        emit.line(f"{local} = {emit.json(split_path(name))}")
         return local, False
 
     def skip(reason: str) -> None:
         emit.line(f"yield {reason}")
         emit.line("continue")
 
+    if metric.lookups:
+        emit.line(f"{', '.join(f'_as_of{k}' for k in range(len(metric.lookups)))}, = lookups")
     with emit.block("for f, t in zip(events, times, strict=True)"):
+        for k, lookup in enumerate(metric.lookups):
+            joined = emit.local()
+            emit.line(f"{joined} = _as_of{k}(_canonical({emit.value(lookup.on)}), t)")
+            emit.lookups[lookup.alias] = joined
         for name, node in definitions.fields:
             value = emit.value(node)
             local = emit.local()
@@ -521,4 +534,4 @@ def _defined_program(
         key = f"({', '.join(texts)},)" if texts else "()"
         sketch = f"({', '.join(items)},)" if items else "()"
         emit.line(f"yield {key}, {number}, {sketch}")
-    return emit.function("metric_inputs", "events, times")
+    return emit.function("metric_inputs", "events, times, lookups")

@@ -33,13 +33,17 @@ class TopicSpec:
 
 
 def platform_topics(settings: Settings) -> list[TopicSpec]:
-    """Source topics keep their history forever (the master dataset); `.dlq`/`.late` too."""
+    """Source and table topics keep their history forever (the master dataset, rule 11 for
+    tables); `.dlq`/`.late` too."""
     forever = {"retention.ms": "-1"}
     specs = []
     for source in settings.sources:
         specs.append(TopicSpec(source.topic, source.partitions, forever))
         specs.append(TopicSpec(source.dlq_topic, source.partitions, forever))
         specs.append(TopicSpec(source.late_topic, source.partitions, forever))
+    for table in settings.tables:
+        specs.append(TopicSpec(table.topic, table.partitions, forever))
+        specs.append(TopicSpec(table.dlq_topic, table.partitions, forever))
     return specs
 
 

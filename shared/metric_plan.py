@@ -17,8 +17,9 @@ from types import MappingProxyType
 import orjson
 
 from shared.aggregations import AggregationSet, SketchKind, parse_aggregation
-from shared.config import MetricConfig, SourceConfig
+from shared.config import MetricConfig, SourceConfig, TableConfig
 from shared.expressions import Definitions, compile_definitions
+from shared.expressions.syntax import Call, Field, Node, walk
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,8 @@ class MetricPlan:
     through them. None for a metric of raw top-level fields only."""
     rollup: Rollup | None = None
     """Set on a rollup's own plan: whose cells it merges over the dimensions it leaves out."""
+    lookups: tuple[LookupPlan, ...] = ()
+    """The tables joined to each event before `definitions` read it (rule 11)."""
 
     @property
     def kinds(self) -> tuple[SketchKind, ...]:
@@ -118,6 +121,19 @@ def rollup_name(metric: str, dims: tuple[str, ...]) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class LookupPlan:
+    """One lookup of a metric (rule 11 in docs/semantics.md): the version of `table` valid at
+    the event time for the key `on` gives, read by the metric as `<alias>.<path>`."""
+
+    table: TableConfig
+    alias: str
+    on: Node
+    """The event's join key, an expression over the event's own fields."""
+    reads: tuple[tuple[str, ...], ...]
+    """The paths inside the table's records the metric reads (after the alias), once each."""
+
+
+@dataclass(frozen=True, slots=True)
 class SketchInput:
     """The field one sketch slot is fed, and how it is checked (metric-level validity)."""
 
@@ -140,25 +156,35 @@ cells of both editions."""
 
 
 def _version(
-    metric: MetricConfig, source: SourceConfig, rollup: tuple[str, ...] | None = None
+    metric: MetricConfig,
+    source: SourceConfig,
+    rollup: tuple[str, ...] | None = None,
+    tables: tuple[TableConfig, ...] = (),
 ) -> str:
     """The one hash of a metric's definition in the code base; see `MetricPlan.version`. A
-    metric without rollups, computed fields or a filter hashes as it did before those keys
-    existed; a rollup's plan hashes its parent's definition and its dimensions."""
-    unset = {name for name in ("rollups", "fields", "where") if not getattr(metric, name)}
+    metric without rollups, computed fields, a filter or lookups hashes as it did before those
+    keys existed; a rollup's plan hashes its parent's definition and its dimensions; a metric
+    with lookups hashes the tables they join too."""
+    optional = ("rollups", "fields", "where", "lookups")
+    unset = {name for name in optional if not getattr(metric, name)}
     definition: dict[str, object] = {
         "metric": metric.model_dump(mode="json", exclude=unset),
         "source": source.model_dump(mode="json", exclude={"partitions"}),
         "validity": VALIDITY_REVISION,
     }
+    if tables:
+        definition["tables"] = [t.model_dump(mode="json", exclude={"partitions"}) for t in tables]
     if rollup is not None:
         definition["rollup"] = list(rollup)
     digest = hashlib.sha256(orjson.dumps(definition, option=orjson.OPT_SORT_KEYS))
     return digest.hexdigest()[:12]
 
 
-def compile_plan(metric: MetricConfig, source: SourceConfig) -> MetricPlan:
-    """The plan of `metric`, whose source is `source`."""
+def compile_plan(
+    metric: MetricConfig, source: SourceConfig, tables: Iterable[TableConfig] = ()
+) -> MetricPlan:
+    """The plan of `metric`, whose source is `source` (`tables`: at least those its lookups
+    join)."""
     if metric.source != source.name:
         raise ValueError(
             f"metric {metric.name!r} reads source {metric.source!r}, not {source.name!r}"
@@ -179,11 +205,17 @@ def compile_plan(metric: MetricConfig, source: SourceConfig) -> MetricPlan:
     )
     inputs_read = (*metric.key, *value, *(i.field for i in inputs))
     definitions = None
-    if metric.fields or metric.where is not None or any("." in name for name in inputs_read):
+    if (
+        metric.fields
+        or metric.where is not None
+        or metric.lookups
+        or any("." in name for name in inputs_read)
+    ):
         definitions = compile_definitions(metric.where, dict(metric.fields), source.time_field)
+    lookups = () if definitions is None else _lookups(metric, source, tables, definitions)
     return MetricPlan(
         name=metric.name,
-        version=_version(metric, source),
+        version=_version(metric, source, tables=tuple(lookup.table for lookup in lookups)),
         config=metric,
         source=source,
         key=metric.key,
@@ -196,7 +228,53 @@ def compile_plan(metric: MetricConfig, source: SourceConfig) -> MetricPlan:
         fields_read=tuple(dict.fromkeys(inputs_read)),
         rollups=metric.rollups,
         definitions=definitions,
+        lookups=lookups,
     )
+
+
+def _lookups(
+    metric: MetricConfig,
+    source: SourceConfig,
+    tables: Iterable[TableConfig],
+    definitions: Definitions,
+) -> tuple[LookupPlan, ...]:
+    """The metric's lookups, each with the table paths the metric reads through it. A
+    ValueError when `on` reads anything but the event's own fields, or a lookup is read as a
+    whole rather than by its fields."""
+    by_name = {t.name: t for t in tables}
+    aliases = {lookup.alias for lookup in metric.lookups}
+    computed = {name for name, _ in definitions.fields}
+    read: list[Node] = [node for _, root in definitions.fields for node in walk(root)]
+    if definitions.where is not None:
+        read += walk(definitions.where)
+    value = () if metric.value is None else (metric.value,)
+    sketched = (a.field for a in map(parse_aggregation, metric.aggregations) if a.field)
+    read += [definitions.reference(name) for name in (*metric.key, *value, *sketched)]
+    paths = [node.path for node in read if isinstance(node, Field)]
+    for path in paths:
+        if path[0] in aliases and len(path) == 1:
+            raise ValueError(f"{path[0]!r} is a lookup; read its fields as {path[0]}.<field>")
+    for node in read:
+        if not isinstance(node, Call) or node.zone is None:
+            continue
+        instant = node.args[0]
+        if isinstance(instant, Field) and instant.path[0] in aliases:
+            raise ValueError(
+                f"{node.function.value}({'.'.join(instant.path)}, '{node.zone}'): a date part "
+                "with a zone reads the time field or an event field, not a lookup's"
+            )
+    plans = []
+    for lookup in metric.lookups:
+        on = compile_definitions(None, {"on": lookup.on}, source.time_field).fields[0][1]
+        for node in walk(on):
+            if isinstance(node, Field) and (node.path[0] in aliases or node.path[0] in computed):
+                raise ValueError(
+                    f"lookup {lookup.alias!r}: `on` reads {'.'.join(node.path)!r}, which is not "
+                    "an event field; a lookup's key is read from the event itself"
+                )
+        reads = dict.fromkeys(p[1:] for p in paths if p[0] == lookup.alias)
+        plans.append(LookupPlan(by_name[lookup.table], lookup.alias, on, tuple(reads)))
+    return tuple(plans)
 
 
 def compile_rollups(plan: MetricPlan) -> tuple[MetricPlan, ...]:
@@ -206,7 +284,9 @@ def compile_rollups(plan: MetricPlan) -> tuple[MetricPlan, ...]:
         replace(
             plan,
             name=rollup_name(plan.name, dims),
-            version=_version(plan.config, plan.source, dims),
+            version=_version(
+                plan.config, plan.source, dims, tuple(lookup.table for lookup in plan.lookups)
+            ),
             key=dims,
             rollups=(),
             rollup=Rollup(plan.name, dims, tuple(plan.key.index(d) for d in dims)),
@@ -217,7 +297,9 @@ def compile_rollups(plan: MetricPlan) -> tuple[MetricPlan, ...]:
 
 @lru_cache(maxsize=16)
 def compile_plans(
-    sources: tuple[SourceConfig, ...], metrics: tuple[MetricConfig, ...]
+    sources: tuple[SourceConfig, ...],
+    metrics: tuple[MetricConfig, ...],
+    tables: tuple[TableConfig, ...] = (),
 ) -> Mapping[str, MetricPlan]:
     """Every metric's plan by name, in configured order, each followed by its rollups' plans
     (`MetricPlan.rollup`), compiled once per definition.
@@ -229,7 +311,7 @@ def compile_plans(
     by_name = {s.name: s for s in sources}
     plans: dict[str, MetricPlan] = {}
     for metric in metrics:
-        plan = compile_plan(metric, by_name[metric.source])
+        plan = compile_plan(metric, by_name[metric.source], tables)
         plans[plan.name] = plan
         plans.update((r.name, r) for r in compile_rollups(plan))
     return MappingProxyType(plans)

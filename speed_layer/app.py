@@ -68,11 +68,12 @@ from shared.speed_view import (
     redis_client,
 )
 from speed_layer.consumer import BatchConsumer, BatchTransport
-from speed_layer.errors import ServedRowUnavailable, SideTopicError
+from speed_layer.errors import ServedRowUnavailable, SideTopicError, TableFeedError
 from speed_layer.metrics import CAUSES, SpeedMetrics
 from speed_layer.processor import BatchOutcome, KafkaRecord, SourceProcessor, isolate_failures
 from speed_layer.served_state import ServedState
 from speed_layer.side_topics import SideTopicPublisher
+from speed_layer.tables import TableDeadLetters, TableFeeds
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,17 @@ class SpeedWorker:
         self.epoch = ""
         """Rule 9's epoch marker the view this worker writes belongs to (set by `start`)."""
         self.served = ServedState(settings, self.backoffs["postgres"])
+        self.tables = TableFeeds(settings, self.metrics.registry)
+        self.table_dead_letters = TableDeadLetters(settings, self.side_topics.publish_rejected)
+        self.joined_by_source = {
+            source.topic: {
+                lookup.table.name: None
+                for plan in settings.plans_of(source)
+                for lookup in plan.lookups
+            }
+            for source in settings.sources
+        }
+        """Source topic -> the tables its metrics join."""
         self.processors = {
             source.topic: SourceProcessor(
                 settings, source, self.store, self.side_topics.publish_rejected
@@ -118,6 +130,8 @@ class SpeedWorker:
             for source in settings.sources
         }
         self.rebuilding: dict[TP, int] = {}
+        self.rejoining: set[TP] = set()
+        """Partitions to rebuild because a joined table received a late version (rule 11)."""
         self.stalls: dict[TP, float] = {}
         """Partitions whose last batch failed, since when (epoch seconds)."""
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
@@ -130,16 +144,19 @@ class SpeedWorker:
         return self.app.consumer  # type: ignore[return-value]
 
     async def position_of(self, tp: TP) -> int:
-        """Fence + 1, or `rebuild_from` when the partition has no fence (rule 3, rule 9) or
-        its fence was written with other metric definitions (rule 7: every cell of the
-        partition is rebuilt with empty state under the current versions, and its de-dup ids
-        are dropped so the replay counts every event once)."""
+        """Fence + 1, or `rebuild_from` when the partition has no fence (rule 3, rule 9), its
+        fence was written with other metric definitions (rule 7: every cell of the partition
+        is rebuilt with empty state under the current versions, and its de-dup ids are dropped
+        so the replay counts every event once), or a table its metrics join received a late
+        version that changes a join the speed view counted (rule 11: rebuilt the same way)."""
         processor = self.processors[tp.topic]
         processor.forget(tp.partition)
         fence = processor.fence(tp.partition)
         member = rebuild_member(tp.topic, tp.partition)
         until = self.store.rebuild_until(member)
-        if fence.offset is not None and fence.defs not in (None, processor.defs):
+        rejoin = tp in self.rejoining
+        self.rejoining.discard(tp)
+        if fence.offset is not None and (rejoin or fence.defs not in (None, processor.defs)):
             until = max(until or 0, fence.offset + 1)
             self.store.start_rebuild({member: until})
             doomed = self.store.partition_keys(tp.topic, tp.partition, processor.metrics)
@@ -148,7 +165,8 @@ class SpeedWorker:
             fence = processor.fence(tp.partition)
             self.metrics.rebuilds.inc()
             log.warning(
-                "event=rebuild_partition reason=metric_definitions topic=%s partition=%d until=%d",
+                "event=rebuild_partition reason=%s topic=%s partition=%d until=%d",
+                "late_table_version" if rejoin else "metric_definitions",
                 tp.topic,
                 tp.partition,
                 until,
@@ -193,22 +211,44 @@ class SpeedWorker:
         processor = self.processors[tp.topic]
         started = time.perf_counter()
         watermarks = self.served.watermarks
+        joined = self.joined_by_source[tp.topic]
+        tables = self.tables.joins if joined else None
 
         def process(batch: Sequence[KafkaRecord], unprocessable: str | None) -> BatchOutcome:
-            return processor.process(tp.partition, batch, watermarks, unprocessable)
+            return processor.process(tp.partition, batch, watermarks, unprocessable, tables)
 
         try:
+            if joined:
+                self.tables.catch_up()
+                if self.rejoin(self.tables.take_rejoins()) and tp in self.rejoining:
+                    return  # the batch is read again once the partition is rebuilt
             with collector_paused():  # see `tune_gc`
                 outcomes = isolate_failures(records, process, _transient)
         except Exception as exc:
             self.note_stall(tp, exc)
             raise
+        fence = processor.known_fence(tp.partition)
+        if joined and fence is not None:
+            self.tables.joined(joined, fence.stream_time)
         if tp in self.stalls:
             self.clear_stall(tp)
         for cause in ("redis", "kafka", "error"):
             self.backoffs[cause].recovered()
         for outcome in outcomes:
             self._account(tp, outcome, started)
+
+    def rejoin(self, tables: set[str]) -> bool:
+        """Rebuild the owned partitions of the sources joining `tables` (rule 11: a late table
+        version changed a join the speed view counted); whether any is to be rebuilt."""
+        if not tables:
+            return False
+        owned = [
+            tp for tp in self.consumer.assignment() if tables & set(self.joined_by_source[tp.topic])
+        ]
+        self.rejoining.update(owned)
+        self.consumer.reposition(owned)
+        log.warning("event=rejoin tables=%s partitions=%s", sorted(tables), sorted(map(str, owned)))
+        return bool(owned)
 
     def _account(self, tp: TP, outcome: BatchOutcome, started: float) -> None:
         """Count an outcome, let its offsets be committed, or act on its failed apply."""
@@ -344,6 +384,21 @@ class SpeedWorker:
         ]
         return id_bucket_closed(bucket, processor.id_bucket_ms, metrics, fence.stream_time)
 
+    def oldest_joined_w(self) -> dict[str, int]:
+        """Table name -> the smallest W of the metrics joining it, when every one has a W
+        (an event before it is late for all of them, rule 11)."""
+        watermarks = self.served.watermarks
+        by_table: dict[str, list[int]] = {}
+        unknown: set[str] = set()
+        for plan in self.settings.plans.values():
+            for lookup in plan.lookups:
+                w = watermarks.get(plan.name)
+                if w is None:
+                    unknown.add(lookup.table.name)
+                else:
+                    by_table.setdefault(lookup.table.name, []).append(w)
+        return {name: min(ws) for name, ws in by_table.items() if name not in unknown}
+
     def report_lag(self) -> None:
         consumer = self.consumer
         for tp in consumer.assignment():
@@ -406,6 +461,9 @@ class SpeedWorker:
             await asyncio.to_thread(self.served.refresh)
             self.report_lag()
             self.check_epoch()
+            self.tables.prune(self.oldest_joined_w())
+            self.follow_tables()
+            await asyncio.to_thread(self.publish_table_dead_letters)
 
         @app.timer(interval=speed.cleanup_interval_s)
         async def cleanup_timer() -> None:
@@ -427,10 +485,48 @@ class SpeedWorker:
         self.metrics.serve(self.settings.speed.metrics_port)
         self.epoch = self.adopt_epoch()
         self.served.refresh()
+        self.catch_up_tables()
         consumer = self.consumer
         consumer.handler = self.apply_batch
         consumer.position_of = self.position_of
         consumer.retry_delay = self.retry_delay
+
+    def follow_tables(self) -> None:
+        """Read the joined tables' new versions while no batch comes (a late one rebuilds the
+        partitions joining it, rule 11); a Kafka failure is retried at the next call."""
+        try:
+            self.tables.catch_up()
+        except TableFeedError as exc:
+            self.backoffs["kafka"].failed(exc)
+            return
+        self.rejoin(self.tables.take_rejoins())
+
+    def publish_table_dead_letters(self) -> None:
+        """The invalid table records read since the last call, to `<table>.dlq` (rule 11);
+        a Kafka failure is retried at the next call."""
+        backoff = self.backoffs["kafka"]
+        try:
+            published = self.table_dead_letters.drain()
+        except (TableFeedError, SideTopicError) as exc:
+            backoff.failed(exc)
+            return
+        if published:
+            self.metrics.dead_letters.labels("tables", "table_record").inc(published)
+            log.info("event=table_dead_letters records=%d", published)
+
+    def catch_up_tables(self) -> None:
+        """Read every joined table to its end before the first batch (rule 11), waiting out a
+        Kafka outage with the backoff."""
+        backoff = self.backoffs["kafka"]
+        while True:
+            try:
+                read = self.tables.catch_up()
+            except TableFeedError as exc:
+                time.sleep(backoff.failed(exc))
+                continue
+            backoff.recovered()
+            log.info("event=tables_read records=%d tables=%s", read, sorted(self.tables.tables))
+            return
 
     def adopt_epoch(self) -> str:
         """The speed view's epoch marker (a new one when Redis holds none), waited for with
@@ -460,7 +556,7 @@ def cause_of(error: BaseException) -> str:
         return "redis"
     if isinstance(error, psycopg.Error | ServedRowUnavailable):
         return "postgres"
-    if isinstance(error, SideTopicError | KafkaException):
+    if isinstance(error, SideTopicError | TableFeedError | KafkaException):
         return "kafka"
     return "error"
 

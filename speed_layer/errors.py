@@ -18,3 +18,8 @@ class ServedRowUnavailable(SpeedError):
     """A partition with no fence is read from `rebuild_from`, which only the served row in
     PostgreSQL knows, and PostgreSQL has not answered since the worker started: the partition
     is positioned once it does."""
+
+
+class TableFeedError(SpeedError):
+    """A joined table could not be read up to its end (rule 11): the batch is not applied, and
+    is read again after a backoff, so no event joins a table older than what it should see."""

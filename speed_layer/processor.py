@@ -27,6 +27,7 @@ from typing import Any, NamedTuple, Protocol
 from shared.aggregations import decode_state, encode_state, fold_inputs
 from shared.config import Settings, SourceConfig
 from shared.events import (
+    AsOf,
     Filtered,
     InputFields,
     Malformed,
@@ -177,6 +178,7 @@ class SourceProcessor:
         records: Sequence[KafkaRecord],
         watermarks: Mapping[str, int | None],
         unprocessable: str | None = None,
+        tables: Mapping[str, AsOf] | None = None,
     ) -> BatchOutcome:
         """Decide a batch (`decide`, reading the view through Redis), publish its dead letters
         and late events, and apply it with one fenced call (rule 3). With `unprocessable` (why
@@ -189,7 +191,9 @@ class SourceProcessor:
         if unprocessable is not None:
             outcome, batch = unprocessable_batch(self.plan, fence, records, unprocessable)
         else:
-            outcome, batch = decide(self.plan, partition, fence, records, watermarks, self._store)
+            outcome, batch = decide(
+                self.plan, partition, fence, records, watermarks, self._store, tables
+            )
         self._publish(self.source.topic, partition, outcome.dead_letters, outcome.late)
         topic = self.source.topic
         outcome.status = self._store.apply(topic, partition, fence, outcome.fence, batch)
@@ -257,10 +261,12 @@ def decide(
     records: Sequence[KafkaRecord],
     watermarks: Mapping[str, int | None],
     view: ViewState,
+    tables: Mapping[str, AsOf] | None = None,
 ) -> tuple[BatchOutcome, ApplyBatch]:
     """Rules 2 and 4 per event in offset order; returns the outcome and what to write. A pure
-    function of the batch, the fence it follows, W and what it reads of the view (`view`:
-    the ids earlier batches recorded, the stored states it merges into).
+    function of the batch, the fence it follows, W, what it reads of the view (`view`: the ids
+    earlier batches recorded, the stored states it merges into) and the tables its metrics
+    join (`tables`, rule 11).
 
     Two kinds of tight loops. First, in offset order, what does not depend on the metric:
     parse, dead letters, the stream time as of each event, de-duplication within the
@@ -328,7 +334,7 @@ def decide(
         skipped: Counter[str] = Counter()
         late = 0
         for (index, time_ms, as_of, _), contribution in zip(
-            live, metric_inputs(live_fields, metric, times), strict=True
+            live, metric_inputs(live_fields, metric, times, tables), strict=True
         ):
             if type(contribution) is Skipped:
                 skipped[contribution.reason] += 1

@@ -32,6 +32,12 @@ Choices the design leaves open, made here once:
   those of all its values. Hopping windows start at the multiples of the step (epoch, UTC);
   with a time zone, windows and steps of whole days are local days starting at local midnight,
   counted from 1970-01-01 (a DST day lasts 23 or 25 hours); other sizes ignore the zone.
+- Lookups (rule 11): a table's records are those of `records` on its topic, wherever they sit
+  in the list. `key_field` and `time_field` name top-level fields. A key (a tombstone's record
+  key too) must be storable text, as a key dimension; a valid-from outside the years 1..9999
+  (the record's timestamp included) makes the record invalid. The name `as` is bound to the
+  joined version's whole JSON object (its key and time fields too). `on` is evaluated as a
+  computed field over the event alone, so the source's time field reads the event time.
 """
 
 from __future__ import annotations
@@ -87,11 +93,14 @@ class Record:
     offset: int
     create_time_ms: int
     value: bytes | None
+    key: bytes | None = None
+    """The Kafka key: read only for a table's tombstone (rule 11), which names its key by it."""
 
 
 @dataclass
 class OracleResult:
-    """Cells plus the counts a layer reports (malformed, skipped, late, duplicates)."""
+    """Cells plus the counts a layer reports (malformed, skipped, late, duplicates, and the
+    invalid records of each lookup table)."""
 
     cells: dict[Cell, dict[str, float | int]]
     malformed: dict[str, int]
@@ -99,6 +108,9 @@ class OracleResult:
     late: dict[str, int]
     duplicates: int
     stream_time: dict[tuple[str, int], int]
+    table_malformed: dict[str, int] = field(default_factory=dict)
+    """Table name -> how many of its records are invalid (join nothing); tables with none are
+    left out."""
 
 
 @dataclass
@@ -108,6 +120,33 @@ class _Source:
     time_field: str
     id_field: str | None
     max_future_ms: int
+
+
+@dataclass(frozen=True)
+class _Table:
+    name: str
+    topic: str
+    key_field: str
+    time_field: str | None
+
+
+@dataclass(frozen=True)
+class _Lookup:
+    table: str
+    on: str
+    alias: str
+
+
+@dataclass(frozen=True)
+class _Version:
+    """One valid table record: a version of `key` valid from `valid_from` (rule 11)."""
+
+    key: str
+    valid_from: int
+    offset: int
+    partition: int
+    fields: dict[str, Any] | None
+    """The record's whole JSON object; None when it deletes the key."""
 
 
 @dataclass
@@ -123,13 +162,20 @@ class _Metric:
     grace_ms: int
     where: str | None = None
     fields: dict[str, str] = field(default_factory=dict)
+    lookups: list[_Lookup] = field(default_factory=list)
 
     @property
     def defined(self) -> bool:
-        """Whether the inputs are read through `where`/`fields` or nested paths (rule 10)."""
+        """Whether the inputs are read through `where`/`fields`, nested paths (rule 10) or
+        lookups (rule 11)."""
         names = [*self.key, *([self.value] if self.value else []), *self.distinct_fields]
         names += [self.quantile_field] if self.quantile_field else []
-        return bool(self.fields) or self.where is not None or any("." in n for n in names)
+        return (
+            bool(self.fields)
+            or self.where is not None
+            or bool(self.lookups)
+            or any("." in n for n in names)
+        )
 
     @property
     def base_ms(self) -> int:
@@ -170,6 +216,29 @@ def _sources(config: dict[str, Any]) -> dict[str, _Source]:
     }
 
 
+def _tables(config: dict[str, Any]) -> dict[str, _Table]:
+    return {
+        t["name"]: _Table(
+            name=t["name"],
+            topic=t["topic"],
+            key_field=t["key_field"],
+            time_field=t.get("time_field"),
+        )
+        for t in config.get("tables") or []
+    }
+
+
+def _lookups(config: dict[str, Any], metric: dict[str, Any]) -> list[_Lookup]:
+    tables = _tables(config)
+    lookups = []
+    for raw in metric.get("lookups") or []:
+        lookup = _Lookup(table=raw["table"], on=raw["on"], alias=raw.get("as", raw.get("alias")))
+        if lookup.table not in tables:
+            raise ValueError(f"metric {metric['name']!r}: no table {lookup.table!r}")
+        lookups.append(lookup)
+    return lookups
+
+
 def _metrics(config: dict[str, Any]) -> list[_Metric]:
     metrics = []
     for m in config["metrics"]:
@@ -205,6 +274,7 @@ def _metrics(config: dict[str, Any]) -> list[_Metric]:
                 grace_ms=parse_duration(m.get("grace", "0s")),
                 where=m.get("where"),
                 fields=dict(m.get("fields") or {}),
+                lookups=_lookups(config, m),
             )
         )
     return metrics
@@ -319,6 +389,107 @@ def finite_number(raw: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _table_version(table: _Table, record: Record) -> _Version | None:
+    """The version a table record is (rule 11), or None when it is invalid. A tombstone names
+    its key by the record key (UTF-8) and deletes it from the record's timestamp on; a JSON
+    object is a version of the canonical text of its `key_field`, valid from its `time_field`
+    read as an event time (or the record's timestamp), deleting the key when `"deleted": true`.
+    """
+    fields = None
+    if record.value is None:
+        if record.key is None:
+            return None
+        try:
+            key: str | None = record.key.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        valid_from: int | None = record.create_time_ms
+    else:
+        fields = _decode(record.value)
+        if fields is None or table.key_field not in fields:
+            return None
+        key = canonical(fields[table.key_field])
+        if table.time_field is None:
+            valid_from = record.create_time_ms
+        elif table.time_field not in fields:
+            return None
+        else:
+            valid_from = _event_time(fields[table.time_field])
+        if fields.get("deleted") is True:
+            fields = None
+    if key is None or not storable(key):
+        return None
+    if valid_from is None or not _MIN_MS <= valid_from <= _MAX_MS:
+        return None
+    return _Version(key, valid_from, record.offset, record.partition, fields)
+
+
+def _table_versions(
+    config: dict[str, Any], records: list[Record]
+) -> tuple[dict[str, dict[str, list[_Version]]], dict[str, int]]:
+    """Table name -> key -> every valid version of the key among `records` (in no particular
+    order), and table name -> how many of its records are invalid."""
+    versions: dict[str, dict[str, list[_Version]]] = {}
+    malformed: dict[str, int] = {}
+    for table in _tables(config).values():
+        by_key = versions.setdefault(table.name, {})
+        for record in records:
+            if record.topic != table.topic:
+                continue
+            version = _table_version(table, record)
+            if version is None:
+                _bump(malformed, table.name)
+            else:
+                by_key.setdefault(version.key, []).append(version)
+    return versions, malformed
+
+
+def _as_of(versions: list[_Version], event_time: int) -> dict[str, Any] | None:
+    """The fields of the version valid at `event_time`: the greatest valid-from at or before
+    it, ties by greater offset, then greater partition; None when there is none or it deletes
+    the key. Every version of the key is looked at."""
+    best: _Version | None = None
+    for v in versions:
+        if v.valid_from <= event_time and (
+            best is None
+            or (v.valid_from, v.offset, v.partition)
+            > (best.valid_from, best.offset, best.partition)
+        ):
+            best = v
+    return None if best is None else best.fields
+
+
+def _joined(
+    metric: _Metric,
+    time_field: str,
+    events: list[tuple[dict[str, Any], int]],
+    tables: dict[str, dict[str, list[_Version]]],
+) -> list[dict[str, Any]]:
+    """Each event as the metric's expressions and inputs see it (rule 11): the event with each
+    lookup's name bound to the fields of the version its `on` joins (the name absent when the
+    lookup finds nothing, hiding an event field of that name). `on` is evaluated by DuckDB on
+    the event itself, as a computed field would be."""
+    if not metric.lookups:
+        return [event for event, _ in events]
+    joined = [dict(event) for event, _ in events]
+    for lookup in metric.lookups:
+        name = "on"
+        while name in lookup.on:  # a name `on` cannot read, so it reads the event only
+            name += "_"
+        keys = expression_duckdb.evaluate({name: lookup.on}, None, time_field, events)
+        by_key = tables[lookup.table]
+        for out, (_event, event_time), (_selected, computed) in zip(
+            joined, events, keys, strict=True
+        ):
+            key = canonical(computed[name])
+            fields = None if key is None else _as_of(by_key.get(key, []), event_time)
+            if fields is None:
+                out.pop(lookup.alias, None)
+            else:
+                out[lookup.alias] = fields
+    return joined
+
+
 class _Inputs:
     """What a metric's input names read in one event: a computed field's value (evaluated by
     DuckDB, `tests/expression_duckdb.py`), the event time for the time field, else the JSON at
@@ -408,14 +579,18 @@ def compute(
     rule 2 drops late events per metric, as the speed layer does; `watermarks` (metric -> W)
     adds the `cell_end <= W` half of that rule. A `quantiles(f)` metric's cells carry one
     `ExactQuantile` per fraction in `quantiles` (the API's `q`), named by `quantile_name`.
+
+    The records of the configured tables' topics (`tables:`) are the versions the metrics'
+    `lookups` join (rule 11), as of each event's time whatever their place in `records`; their
+    invalid records are counted in `table_malformed`.
     """
     fractions = _fractions(quantiles)
     metrics = {m.name: m for m in _metrics(config)}
-    accs, malformed, skipped, late, duplicates, stream_time = _accumulate(
+    accs, malformed, skipped, late, duplicates, stream_time, table_malformed = _accumulate(
         config, records, late_rule=late_rule, watermarks=watermarks, base_only=False
     )
     cells = {cell: _finish(metrics[cell[0]], acc, fractions) for cell, acc in accs.items()}
-    return OracleResult(cells, malformed, skipped, late, duplicates, stream_time)
+    return OracleResult(cells, malformed, skipped, late, duplicates, stream_time, table_malformed)
 
 
 def _accumulate(
@@ -432,6 +607,7 @@ def _accumulate(
     dict[str, int],
     int,
     dict[tuple[str, int], int],
+    dict[str, int],
 ]:
     """`compute`'s walk over the records: every event of every cell (every configured window,
     or only the base window with `base_only`), kept whole, and the counts."""
@@ -439,6 +615,7 @@ def _accumulate(
         raise ValueError("watermarks only apply with late_rule=True")
     sources = _sources(config)
     metrics = _metrics(config)
+    tables, table_malformed = _table_versions(config, records)
     accs: dict[Cell, _Acc] = {}
     malformed: dict[str, int] = {}
     skipped = {m.name: 0 for m in metrics}
@@ -468,21 +645,28 @@ def _accumulate(
                     continue
                 seen_ids.add(event_id)
             kept.append((event, event_time, stream_time[where]))
+        events = [(e, t) for e, t, _ in kept]
+        joined = {m.name: _joined(m, source.time_field, events, tables) for m in source_metrics}
         evaluated = {
             m.name: expression_duckdb.evaluate(
-                m.fields, m.where, source.time_field, [(e, t) for e, t, _ in kept]
+                m.fields,
+                m.where,
+                source.time_field,
+                [(e, t) for e, (_, t) in zip(joined[m.name], events, strict=True)],
             )
             for m in source_metrics
             if m.defined
         }
-        for position, (event, event_time, as_of) in enumerate(kept):
+        for position, (_event, event_time, as_of) in enumerate(kept):
             for metric in source_metrics:
                 selected, computed = (
                     evaluated[metric.name][position] if metric.defined else (True, {})
                 )
                 if not selected:
                     continue
-                inputs = _Inputs(metric, event, event_time, source.time_field, computed)
+                inputs = _Inputs(
+                    metric, joined[metric.name][position], event_time, source.time_field, computed
+                )
                 fields = _metric_fields(metric, inputs)
                 if fields is None:
                     _bump(skipped, metric.name)
@@ -505,7 +689,7 @@ def _accumulate(
                         acc.distinct.setdefault(name, set()).add(text)
                     if quantile is not None:
                         acc.quantile_values.append(quantile)
-    return accs, malformed, skipped, late, duplicates, stream_time
+    return accs, malformed, skipped, late, duplicates, stream_time, table_malformed
 
 
 def _finish(metric: _Metric, acc: _Acc, fractions: Sequence[Decimal]) -> dict[str, float | int]:
@@ -701,7 +885,7 @@ def view(
     `speed_records`: every record the speed layer has read (rule 2 applied with `watermark`
     as the W it read), or None when Redis is unreachable (batch-only answers: no speed side).
     `batch_records`: the records of the served run's snapshot and `watermark` its W; both None
-    before any run."""
+    before any run. Each list holds the table records its side joined (rule 11) too."""
     if (batch_records is None) != (watermark is None):
         raise ValueError("a served batch view has both its records and its W, or neither")
     metric = next((m for m in _metrics(config) if m.name == metric_name), None)
@@ -1045,7 +1229,9 @@ def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 60.0) -> list[R
                     deadline = time.monotonic() + timeout_s
                     if offset < ends[partition]:
                         create_time = msg.timestamp()[1]
-                        records.append(Record(topic, partition, offset, create_time, msg.value()))
+                        records.append(
+                            Record(topic, partition, offset, create_time, msg.value(), msg.key())
+                        )
                 elif error.code() != KafkaError._PARTITION_EOF:
                     raise KafkaException(error)
                 elif offset >= ends[partition]:

@@ -68,6 +68,9 @@ class Emitter:
         self.fields = fields
         self.time = time
         self.computed: dict[str, str] = {}
+        self.lookups: dict[str, str] = {}
+        """A lookup's name -> the local holding the joined version's fields (or None): its
+        paths (`<name>.<field>`) are read there rather than from the event (rule 11)."""
         self.lines: list[str] = []
         self.namespace: dict[str, Any] = {
             "MISSING": semantics.MISSING,
@@ -129,12 +132,7 @@ class Emitter:
         local = self._reads.get(path)
         if local is None:
             local = self._reads[path] = self.local()
-            source = (
-                f"{self.fields}.get({path[0]!r})"
-                if len(path) == 1
-                else f"_read_path({self.fields}, {self.constant(path)})"
-            )
-            self.line(f"{local} = {source}")
+            self.line(f"{local} = {self.json(path, absent='None')}")
             self.line(f"_k = type({local})")
             with self.block("if _k is float"):
                 self.line(f"if {local} - {local} != 0: {local} = None")
@@ -144,6 +142,16 @@ class Emitter:
             with self.block("elif _k is not str and _k is not bool"):
                 self.line(f"{local} = None")
         return local
+
+    def json(self, path: tuple[str, ...], absent: str = "MISSING") -> str:
+        """The Python expression of the JSON value at `path` (`absent` when there is none): in
+        the event, or in a lookup's joined version."""
+        joined = self.lookups.get(path[0])
+        if joined is not None:
+            return f"_read_path({joined}, {self.constant(path[1:])})"
+        if len(path) == 1:
+            return f"{self.fields}.get({path[0]!r}, {absent})"
+        return f"_read_path({self.fields}, {self.constant(path)})"
 
     def value(self, node: Node) -> str:
         """Write the statements computing `node`; the Python expression of its value."""

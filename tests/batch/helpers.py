@@ -110,13 +110,15 @@ def as_points(settings: Settings, cells: dict[oracle.Cell, BatchCell]) -> dict[o
 
 
 def oracle_mismatches(settings: Settings, config: dict[str, Any]) -> list[str]:
-    """The served cells against a brute force over every record of the topic."""
-    source = settings.sources[0]
-    records = oracle.read_topic(settings.kafka.bootstrap_servers, source.topic)
+    """The served cells against a brute force over every record of the source's topic and of
+    the tables' topics up to the served snapshot."""
     served, cells = served_view(settings)
     assert served is not None
-    snapshot = {int(p): o for p, o in served.snapshot[source.topic].items()}
-    upto = [r for r in records if r.offset < snapshot.get(r.partition, 0)]
+    upto = []
+    for topic in [settings.sources[0].topic, *(t.topic for t in settings.tables)]:
+        snapshot = {int(p): o for p, o in served.snapshot[topic].items()}
+        records = oracle.read_topic(settings.kafka.bootstrap_servers, topic)
+        upto += [r for r in records if r.offset < snapshot.get(r.partition, 0)]
     return oracle.compare(oracle.compute_cells(config, upto), as_points(settings, cells))
 
 
@@ -143,3 +145,90 @@ def same_cells(a: dict[oracle.Cell, BatchCell], b: dict[oracle.Cell, BatchCell])
         if not ok:
             problems.append(f"{cell}: {a[cell]} != {b[cell]}")
     return problems
+
+
+LOOKUP_METRICS: list[dict[str, Any]] = [
+    {
+        "name": "views_by_section",
+        "source": "pageviews",
+        "lookups": [{"table": "pages", "on": "page", "as": "p"}],
+        "fields": {"section": "COALESCE(p.section, 'none')"},
+        "key": ["section"],
+        "value": "latency_ms",
+        "aggregations": ["count", "sum", "max", "distinct(user_id)"],
+        "windows": ["1m", "1h"],
+        "grace": "2m",
+    },
+    {
+        "name": "views_by_owner",
+        "source": "pageviews",
+        "lookups": [{"table": "pages", "on": "lower(CAST(page AS STRING))", "as": "pg"}],
+        "where": "pg.section <> 'gone'",
+        "key": ["pg.meta.owner"],
+        "aggregations": ["count"],
+        "windows": ["1h"],
+        "grace": "2m",
+    },
+]
+
+
+def pages_table(tag: str) -> dict[str, Any]:
+    return {"name": "pages", "topic": f"pages-{tag}", "key_field": "page", "time_field": "from"}
+
+
+def produce_table(
+    settings: Settings, records: list[tuple[bytes | None, dict[str, Any] | bytes | None]]
+) -> None:
+    """Table records (key, value): a dict is sent as JSON, bytes as they are, None as a
+    tombstone."""
+    producer = Producer({"bootstrap.servers": settings.kafka.bootstrap_servers})
+    for key, value in records:
+        encoded = orjson.dumps(value) if isinstance(value, dict) else value
+        producer.produce(settings.tables[0].topic, key=key, value=encoded)
+    assert producer.flush(30) == 0
+
+
+def table_version(page: str | int, start: int, **fields: Any) -> tuple[bytes, dict[str, Any]]:
+    return str(page).encode(), {"page": page, "from": start, **fields}
+
+
+def table_history(start: int, mid: int, end: int) -> list[tuple[bytes | None, Any]]:
+    """The `pages` table of the lookup tests (rule 11), events spanning [start, end): a key
+    changed at `mid`, one deleted there, one tombstoned after every event, two versions valid
+    from the same time, one valid after every event, an integer key, three invalid records."""
+    owner = {"meta": {"owner": "ops"}}
+    return [
+        table_version("/page/1", start - HOUR, section="news", **owner),
+        table_version("/page/2", start - HOUR, section="sport", meta={"owner": 7}),
+        table_version("/page/1", mid, section="world", **owner),
+        table_version("/page/2", mid, deleted=True),
+        table_version("/page/3", start - HOUR, section="gone"),
+        table_version("/page/4", start, section="first"),
+        table_version("/page/4", start, section="second"),
+        table_version("/page/5", end + HOUR, section="later"),
+        table_version(7, start, section="seven", **owner),
+        (b"/page/6", {"from": start, "section": "no key"}),
+        (b"/page/6", {"page": "/page/6", "from": "yesterday"}),
+        (b"/page/6", b"not json"),
+        (b"/page/3", None),
+    ]
+
+
+def back_dated(start: int, mid: int) -> list[tuple[bytes | None, Any]]:
+    """Versions of `/page/1` replacing both of `table_history`'s (same valid-from times, later
+    offsets), as a correction arriving after the events they apply to."""
+    owner = {"meta": {"owner": "ops"}}
+    return [
+        table_version("/page/1", start - HOUR, section="renamed", **owner),
+        table_version("/page/1", mid, section="renamed", **owner),
+    ]
+
+
+def integer_pages(ts: int) -> list[tuple[bytes, bytes]]:
+    """Events whose page is the integer 7, the double 7.0, the text "7" and null."""
+    base = {"user_id": "u", "latency_ms": 1.5}
+    pages: list[tuple[str, Any]] = [("i7", 7), ("f7", 7.0), ("s7", "7"), ("n", None)]
+    return [
+        (k.encode(), orjson.dumps({**base, "ts": ts + i, "event_id": k, "page": page}))
+        for i, (k, page) in enumerate(pages)
+    ]
