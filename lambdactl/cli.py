@@ -1,10 +1,11 @@
-"""`lambdactl`: stack, topics, db, speed, batch, serve, produce, demo."""
+"""`lambdactl`: stack, topics, tables, db, speed, batch, serve, produce, demo."""
 
 from __future__ import annotations
 
 import os
 import time
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -20,11 +21,13 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 stack_app = typer.Typer(help="The local stack: Apache Kafka, Redis, PostgreSQL.")
-topics_app = typer.Typer(help="Source, .dlq and .late topics.")
+topics_app = typer.Typer(help="Source and table topics, their .dlq and .late topics.")
+tables_app = typer.Typer(help="Lookup tables: keyed, versioned, joined as of event time.")
 db_app = typer.Typer(help="The PostgreSQL schema.")
 batch_app = typer.Typer(help="Batch recomputes.")
 app.add_typer(stack_app, name="stack")
 app.add_typer(topics_app, name="topics")
+app.add_typer(tables_app, name="tables")
 app.add_typer(db_app, name="db")
 app.add_typer(batch_app, name="batch")
 console = Console()
@@ -230,6 +233,19 @@ def produce_events(
     )
     sent = produce(settings.kafka, chosen.topic, generate(spec))
     console.print(f"sent {sent} records to {chosen.topic}")
+
+
+@tables_app.command("load")
+def load_table(
+    table: Annotated[str, typer.Argument(help="the table's name in the config")],
+    path: Annotated[Path, typer.Argument(help="a .csv (header row) or .jsonl file of versions")],
+) -> None:
+    """Send a table's versions from a file, checked first (a file with an invalid row is
+    refused whole, naming its lines)."""
+    from lambdactl.tables import load_table as load
+
+    sent = load(_settings(), table, path)
+    console.print(f"sent {sent} versions to table {table}")
 
 
 @app.command()

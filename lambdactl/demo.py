@@ -10,15 +10,17 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
 import httpx
+import orjson
 from rich.console import Console
 from rich.markup import escape
 
-from lambdactl.generator import GeneratorSpec, generate, produce
+from lambdactl.generator import GeneratorSpec, SampleRecord, generate, produce
 from serving_layer.timefmt import format_time
 from shared.config import Settings
 from shared.errors import LambdaError
@@ -27,6 +29,8 @@ MINUTE = 60_000
 MAX_RESTARTS = 3
 """Restarts of one child before the demo gives up on it (a crash loop is not a demo)."""
 TAIL_LINES = 15
+TABLE_CHANGE_AFTER_S = 60.0
+"""When the demo's `pages` table changes (a page moves to another section)."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,37 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
             process.kill()
 
 
+def _load_tables(settings: Settings, console: Console) -> Callable[[Console], None] | None:
+    """Load each configured table from `<name>.csv` beside the config, when there is one; the
+    demo's `pages` table also changes once the demo runs (returned: the change to make)."""
+    from lambdactl.tables import load_table
+
+    folder = Path(os.environ.get("LAMBDA_CONFIG", "lambda.yaml")).resolve().parent
+    for table in settings.tables:
+        path = folder / f"{table.name}.csv"
+        if path.is_file():
+            sent = load_table(settings, table.name, path)
+            console.print(f"loaded table {table.name}: {sent} versions from {path.name}")
+    tables = {t.name: t for t in settings.tables}
+    pages = tables.get("pages")
+    if pages is None or pages.key_field != "page" or pages.time_field is None:
+        return None
+
+    def move_page(console: Console) -> None:
+        """`/page/1` moves from news to sport from now on: views after this minute count for
+        sport, earlier ones stay news (rule 11)."""
+        at = int(time.time() * 1000)
+        version = {"page": "/page/1", "section": "sport", pages.time_field or "": at}
+        produce(
+            settings.kafka,
+            pages.topic,
+            iter([SampleRecord(b"/page/1", orjson.dumps(version))]),
+        )
+        console.print(f"table change: /page/1 is in section sport from {format_time(at)} on")
+
+    return move_page
+
+
 def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None:
     from lambdactl.batch_watch import watch_run
     from shared.db.connect import connect
@@ -148,6 +183,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
     source = settings.sources[0]
     bootstrap = settings.kafka.bootstrap_servers
     now = int(time.time() * 1000)
+    change = _load_tables(settings, console)
     console.print(f"producing {options.history_events} events of history (last 3 h)...")
     produce(
         bootstrap,
@@ -203,6 +239,9 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
                     )
                 ),
             )
+            if change is not None and time.monotonic() - started >= TABLE_CHANGE_AFTER_S:
+                change(console)
+                change = None
             if time.monotonic() - last_batch >= options.batch_every_s:
                 with connect(settings.postgres.url, autocommit=True) as conn:
                     run_id, _ = queue_run(conn, RunRequest("incremental"))

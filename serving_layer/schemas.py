@@ -34,6 +34,16 @@ def problems(*codes: int) -> dict[int | str, dict[str, object]]:
     return {code: {"model": Problem, "description": meaning[code]} for code in codes}
 
 
+class LookupInfo(BaseModel):
+    """A table joined to each event as of its time (rule 11 in docs/semantics.md)."""
+
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
+    table: str
+    on: str = Field(description="the event's join key: a field or an expression")
+    alias: str = Field(alias="as", description="the name its fields are read by: `<as>.<field>`")
+
+
 class MetricInfo(BaseModel):
     name: str
     source: str
@@ -58,6 +68,9 @@ class MetricInfo(BaseModel):
     )
     where: str | None = Field(
         default=None, description="the filter: only events for which it is TRUE are counted"
+    )
+    lookups: list[LookupInfo] = Field(
+        default_factory=list, description="tables joined to each event as of its time"
     )
 
 

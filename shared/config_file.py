@@ -147,6 +147,10 @@ class ConfigLoader(yaml.SafeLoader):
                 for source in merged:
                     self._check(source, path)
                 continue
+            if key_node.tag == _TAG + "bool" and isinstance(key_node, yaml.ScalarNode):
+                # YAML 1.1 reads a plain `on`, `yes` or `off` as a boolean; a key is a name
+                # (a lookup's `on:`), so it keeps its text.
+                key_node.tag = _TAG + "str"
             self._check(key_node, path)
             key = self.construct_object(key_node)
             if not isinstance(key, str):

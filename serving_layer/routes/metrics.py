@@ -31,6 +31,7 @@ from serving_layer.responses import JSONResponse
 from serving_layer.schemas import (
     GroupedSeriesResponse,
     KeysResponse,
+    LookupInfo,
     MetricInfo,
     MetricList,
     SeriesResponse,
@@ -94,6 +95,10 @@ def list_metrics(settings: SettingsDep) -> MetricList:
                 rollups=[list(dims) for dims in m.rollups],
                 fields=dict(m.config.fields),
                 where=m.config.where,
+                lookups=[
+                    LookupInfo(table=lookup.table, on=lookup.on, alias=lookup.alias)
+                    for lookup in m.config.lookups
+                ],
             )
             for m in read_plans(settings.plans.values())
         ]

@@ -100,10 +100,12 @@ function range() {
   return { start: end - span, end };
 }
 
-// A metric's filter and computed fields, as configured (text only: never parsed as HTML).
+// A metric's lookups, filter and computed fields, as configured (text only: never parsed as
+// HTML).
 function showDefinition(m) {
   const parts = Object.entries(m.fields || {}).map(([name, sql]) => `${name} = ${sql}`);
   if (m.where) parts.unshift(`where ${m.where}`);
+  (m.lookups || []).forEach((l) => parts.unshift(`${l.as} = ${l.table} as of ts, on ${l.on}`));
   const line = $("definition");
   line.textContent = parts.join(" · ");
   line.hidden = !parts.length;

@@ -404,10 +404,20 @@ def test_duplicate_key_in_a_metric(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     assert "keep one `grace:`" in message
 
 
-def test_a_key_yaml_reads_as_a_boolean(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    message = file_error(monkeypatch, tmp_path, "spark:\n  conf:\n    on: x\n")
-    assert message.startswith("<file>:3:5: spark.conf: the key on reads as a bool")
-    assert "quote it ('on')" in message
+def test_a_key_yaml_reads_as_a_number(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    message = file_error(monkeypatch, tmp_path, "spark:\n  conf:\n    12: x\n")
+    assert message.startswith("<file>:3:5: spark.conf: the key 12 reads as a int")
+    assert "quote it ('12')" in message
+
+
+def test_a_key_yaml_1_1_reads_as_a_boolean_keeps_its_name(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A lookup's `on:` (and `yes:`, `off:`...) is a name, not YAML 1.1's boolean."""
+    path = tmp_path / "lambda.yaml"
+    path.write_text("spark:\n  conf:\n    on: x\n    yes: y\n")
+    monkeypatch.setenv("LAMBDA_CONFIG", str(path))
+    assert load_settings().spark.conf == {"on": "x", "yes": "y"}
 
 
 def test_a_value_yaml_reads_as_a_date(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
