@@ -150,7 +150,12 @@ class InputLayout:
 
     def ddl(self) -> str:
         """`arrow_schema` in Spark's DDL."""
-        return ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in self.arrow_schema())
+        return spark_ddl(self.arrow_schema())
+
+
+def spark_ddl(schema: pa.Schema) -> str:
+    """An Arrow schema of the data sources' column types in Spark's DDL."""
+    return ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in schema)
 
 
 _SPARK_TYPES = {

@@ -93,13 +93,17 @@ class KafkaMetricInputs(DataSource):
         return _Reader(dict(self.options))
 
 
-class _Reader(DataSourceReader):
+class SliceReader(DataSourceReader):
+    """A reader of the `slices` option's offset ranges, one Spark input partition each."""
+
     def __init__(self, options: dict[str, str]) -> None:
         self.options = options
 
     def partitions(self) -> Sequence[InputPartition]:
         return [Slice(*s) for s in orjson.loads(self.options["slices"])]
 
+
+class _Reader(SliceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, Slice):
             return  # no slices (nothing new to read): Spark still reads one default partition

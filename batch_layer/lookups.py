@@ -28,9 +28,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from batch_layer.decode import InputLayout
+from batch_layer.decode import InputLayout, spark_ddl
 from batch_layer.expressions import SparkValue, Stages, compile_value, text_of
-from batch_layer.kafka_source import Records, Slice, plan_slices, read_slice
+from batch_layer.kafka_source import Records, Slice, SliceReader, plan_slices, read_slice
 from batch_layer.raw_reads import JoinRead, RawRead, column_types, python_columns
 from shared.config import Settings, TableConfig
 from shared.events import Malformed
@@ -47,13 +47,6 @@ _VERSION_FIELDS = [
     ("deleted", pa.bool_()),
     ("malformed", pa.string()),
 ]
-_SPARK_TYPES = {
-    pa.bool_(): "BOOLEAN",
-    pa.int32(): "INT",
-    pa.int64(): "BIGINT",
-    pa.float64(): "DOUBLE",
-    pa.string(): "STRING",
-}
 
 
 def _schema(reads: Sequence[RawRead]) -> pa.Schema:
@@ -70,8 +63,7 @@ class KafkaTableVersions(DataSource):
         return "lambda_kafka_table"
 
     def schema(self) -> str:
-        fields = _schema(_reads(self.options))
-        return ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in fields)
+        return spark_ddl(_schema(_reads(self.options)))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return _VersionReader(dict(self.options))
@@ -81,13 +73,7 @@ def _reads(options: Mapping[str, str]) -> list[RawRead]:
     return [RawRead(tuple(p), t, x, n) for p, t, x, n in orjson.loads(options["reads"])]
 
 
-class _VersionReader(DataSourceReader):
-    def __init__(self, options: dict[str, str]) -> None:
-        self.options = options
-
-    def partitions(self) -> Sequence[InputPartition]:
-        return [Slice(*s) for s in orjson.loads(self.options["slices"])]
-
+class _VersionReader(SliceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, Slice):
             return

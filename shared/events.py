@@ -198,18 +198,27 @@ def parse_record(
     return SourceEvent(fields, time_ms, event_id)
 
 
-def parse_fields(
-    value: bytes | None, create_time_ms: int, source: SourceConfig
-) -> SourceFields | Malformed:
-    """`parse_record` without the `SourceEvent`: the one definition of source-level validity."""
-    if value is None:
-        return Malformed("not_json", "the record has no value")
+def decode_object(value: bytes) -> dict[str, Any] | Malformed:
+    """A record value as a JSON object, or why it is not one (`not_json`, `not_object`)."""
     try:
         fields = decode_json(value)
     except (ValueError, RecursionError) as exc:
         return Malformed("not_json", f"the value is not JSON: {exc}")
     if type(fields) is not dict:
         return Malformed("not_object", "the value is JSON but not an object")
+    return fields
+
+
+def parse_fields(
+    value: bytes | None, create_time_ms: int, source: SourceConfig
+) -> SourceFields | Malformed:
+    """`parse_record` without the `SourceEvent`: the one definition of source-level validity."""
+    if value is None:
+        return Malformed("not_json", "the record has no value")
+    fields = decode_object(value)
+    if type(fields) is Malformed:
+        return fields
+    assert type(fields) is dict
     time_field = source.time_field
     raw_time = fields.get(time_field)
     if type(raw_time) is int and MIN_EVENT_MS <= raw_time <= MAX_EVENT_MS:

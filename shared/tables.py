@@ -20,7 +20,7 @@ from shared.events import (
     MIN_EVENT_MS,
     Malformed,
     canonical,
-    decode_json,
+    decode_object,
     parse_event_time,
     text_fault,
 )
@@ -60,12 +60,9 @@ def parse_table_record(
         if text is None or text_fault(text) is not None:
             return Malformed("key_missing", "a tombstone names its key by the record key (UTF-8)")
         return TableRecord(text, timestamp_ms, None)
-    try:
-        fields = decode_json(value)
-    except (ValueError, RecursionError) as exc:
-        return Malformed("not_json", f"the value is not JSON: {exc}")
-    if type(fields) is not dict:
-        return Malformed("not_object", "the value is JSON but not an object")
+    fields = decode_object(value)
+    if isinstance(fields, Malformed):
+        return fields
     raw_key = fields.get(table.key_field)
     text = lookup_key(raw_key)
     if text is None:

@@ -10,12 +10,7 @@ from typing import Any
 import pytest
 
 from tests.oracle import OracleResult, Record, compute, compute_cells
-
-T0 = 1_704_067_200_000  # 2024-01-01T00:00:00Z
-MIN = 60_000
-HOUR = 3_600_000
-DAY = 86_400_000
-LATER = T0 + 10 * DAY  # a CreateTime no test event is "in the future" of
+from tests.unit.test_oracle import HOUR, MIN, T0, records
 
 PAGES = {"name": "pages", "topic": "pages", "key_field": "page", "time_field": "valid_from"}
 USERS = {"name": "users", "topic": "users", "key_field": "uid"}  # valid from the timestamp
@@ -39,17 +34,6 @@ def config(*metrics: dict[str, Any]) -> dict[str, Any]:
 
 def metric(name: str, **overrides: Any) -> dict[str, Any]:
     return {**BY_SECTION, "name": name, **overrides}
-
-
-def records(
-    topic: str, *values: Any, partition: int = 0, first_offset: int = 0, create: int = LATER
-) -> list[Record]:
-    """One record per value (dicts are JSON-encoded; bytes and None are taken as they are)."""
-    out = []
-    for i, value in enumerate(values):
-        raw = json.dumps(value).encode() if isinstance(value, dict) else value
-        out.append(Record(topic, partition, first_offset + i, create, raw))
-    return out
 
 
 def page(name: Any, valid_from: Any, section: Any = None, **more: Any) -> dict[str, Any]:
