@@ -41,38 +41,84 @@ import argparse
 import ctypes
 import ctypes.util
 import gc
+import itertools
 import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lambdactl.generator import PAGES, SampleRecord
 
 CHUNK = 10_000
 """Records built at a time: as many as the worker's table read consumes at once."""
 HOUR = 3_600_000
+DAY = 24 * HOUR
 BASE_MS = 1_780_000_000_000
 SECTIONS = ["news", "sport", "tech", "culture", "business", "travel", "science", "opinion"]
 READS = (("section",),)
 """The paths the metric reads of the table (`p.section`): `project` keeps only these."""
 
+TABLE = "pages"
+"""The lookup benches' table (speed and batch `--lookups`), keyed by `page`."""
+LOOKUP_FIELDS = {"section": "COALESCE(p.section, 'none')"}
+"""`--lookups`: the per-page metric's computed key, read from the joined version."""
 
-def records(keys: int, version: int, first: int, count: int) -> list[tuple[bytes, bytes]]:
-    """(Kafka key, value) of version `version` of keys `first` .. `first + count - 1`."""
-    valid_from = BASE_MS + version * HOUR
-    out = []
-    for i in range(first, min(first + count, keys)):
-        page = f"/page/{i}"
-        value = {
-            "page": page,
-            "section": SECTIONS[(i + version) % len(SECTIONS)],
-            "title": f"Page {i}, revision {version}",
-            "valid_from": valid_from,
-        }
-        # exact-size bytes, as a consumed record's value is (orjson's keep ~1 KB of slack)
-        out.append((page.encode(), json.dumps(value, separators=(",", ":")).encode()))
-    return out
+
+def table_config(topic: str) -> dict[str, Any]:
+    """The `tables:` entry of the benches' table."""
+    return {
+        "name": TABLE,
+        "topic": topic,
+        "key_field": "page",
+        "time_field": "valid_from",
+        "partitions": 1,
+    }
+
+
+def with_lookup(metric: dict[str, Any]) -> dict[str, Any]:
+    """`views_by_page` joined with the table (rule 11 in docs/semantics.md) and keyed by the
+    joined version's `section` (`LOOKUP_FIELDS`), its value and aggregations kept; any other
+    metric as it is."""
+    if metric["name"] != "views_by_page":
+        return metric
+    return {
+        **metric,
+        "lookups": [{"table": TABLE, "on": "page", "as": "p"}],
+        "fields": dict(LOOKUP_FIELDS),
+        "key": ["section"],
+    }
+
+
+def page_of(i: int) -> str:
+    """The table's `i`-th key: the generator's pages (`lambdactl.generator.PAGES`, the keys
+    events join) first, then filler pages `/page/<n>` no event reads."""
+    return PAGES[i] if i < len(PAGES) else f"/page/{i - len(PAGES) + 40}"
+
+
+def table_records(
+    keys: int, versions: int, valid_from: Callable[[int, int], int]
+) -> Iterator[SampleRecord]:
+    """The table's records: every key's first version, then every key's second, and so on (a
+    table updated over time); version `v` of key `i` valid from `valid_from(i, v)`, its
+    `section` one of `SECTIONS` (another for each version), with a `title` no metric reads.
+    The values are exact-size bytes, as a consumed record's are (orjson's keep ~1 KB of
+    slack)."""
+    for version in range(versions):
+        for i in range(keys):
+            page = page_of(i)
+            value = {
+                "page": page,
+                "section": SECTIONS[(i + version) % len(SECTIONS)],
+                "title": f"Page {i}, revision {version}",
+                "valid_from": valid_from(i, version),
+            }
+            encoded = json.dumps(value, separators=(",", ":")).encode()
+            yield SampleRecord(page.encode(), encoded)
 
 
 def malloc_trim() -> bool:
@@ -113,20 +159,19 @@ def measure(keys: int, versions: int) -> None:
     gc.callbacks.append(on_gc)
     add_s = 0.0
     offset = 0
-    for version in range(versions):
-        for first in range(0, keys, CHUNK):
-            chunk = records(keys, version, first, CHUNK)
-            timestamp = int(time.time() * 1000)
-            started = time.perf_counter()
-            for key, value in chunk:
-                record = parse_table_record(key, value, timestamp, table)
-                assert not isinstance(record, Malformed), record
-                if record.fields is not None:
-                    record = record._replace(fields=project(record.fields, READS))
-                table_versions.add(record, 0, offset)
-                offset += 1
-            add_s += time.perf_counter() - started
-            del chunk
+    produced = table_records(keys, versions, lambda i, v: BASE_MS + v * HOUR)
+    while chunk := list(itertools.islice(produced, CHUNK)):
+        timestamp = int(time.time() * 1000)
+        started = time.perf_counter()
+        for sample in chunk:
+            record = parse_table_record(sample.key, sample.value, timestamp, table)
+            assert not isinstance(record, Malformed), record
+            if record.fields is not None:
+                record = record._replace(fields=project(record.fields, READS))
+            table_versions.add(record, 0, offset)
+            offset += 1
+        add_s += time.perf_counter() - started
+        del chunk
     gc.callbacks.remove(on_gc)
     built = process.memory_info().rss
     total = len(table_versions)
@@ -165,7 +210,7 @@ def measure(keys: int, versions: int) -> None:
         f"rss_mb={used / 2**20:.0f} bytes_per_version={used / total:.0f} "
         f"bytes_per_key={used / keys:.0f} add_us={add_s / total * 1e6:.2f} "
         f"prune_scan_s={scan_s:.2f} prune_s={prune_s:.2f} kept={kept} "
-        f" rss_after_prune_mb={(pruned - before) / 2**20:.0f} "
+        f"rss_after_prune_mb={(pruned - before) / 2**20:.0f} "
         f"rss_after_trim_mb={(trimmed - before) / 2**20:.0f}",
         flush=True,
     )

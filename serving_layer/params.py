@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from functools import cache
-from zoneinfo import ZoneInfo, available_timezones
 
 from fastapi import HTTPException
 from starlette.datastructures import QueryParams
@@ -17,6 +15,7 @@ from shared.aggregations import DEFAULT_RENDER, Ranking, RenderOptions, parse_qu
 from shared.config import Settings
 from shared.durations import format_duration, parse_duration
 from shared.events import MAX_EVENT_MS, MIN_EVENT_MS
+from shared.expressions.zones import zone_info
 from shared.metric_plan import MetricPlan, rollup_name
 
 SUPPORTED_MS = (MIN_EVENT_MS, MAX_EVENT_MS + 1)
@@ -61,16 +60,10 @@ def window_spec_of(metric: MetricPlan, window: str, step: str | None, tz: str | 
     step_ms = size if step is None else _multiple_of_base(metric, "step", step)
     if tz is None:
         return WindowSpec(size, step_ms)
-    if tz not in _zone_names():
+    zone = zone_info(tz)
+    if zone is None:
         raise bad_request(f"tz={tz!r} is not an IANA time zone name; send e.g. tz=Europe/Berlin")
-    return WindowSpec(size, step_ms, ZoneInfo(tz))
-
-
-@cache
-def _zone_names() -> frozenset[str]:
-    """The zones of the installed tz database: a name is looked up here, never handed to
-    ZoneInfo as a path (a 1,000-character one raised OSError)."""
-    return frozenset(available_timezones())
+    return WindowSpec(size, step_ms, zone)
 
 
 def _multiple_of_base(metric: MetricPlan, name: str, text: str) -> int:

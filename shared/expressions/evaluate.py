@@ -28,6 +28,7 @@ from shared.expressions.syntax import (
     LikePattern,
     Scalar,
 )
+from shared.expressions.zones import zone_info
 
 MISSING: Any = object()
 """What `read_path` returns for a path the event does not have."""
@@ -253,9 +254,11 @@ def _substr(text: str, bounds: list[Scalar]) -> Scalar:
     return text[start - 1 : start - 1 + length]
 
 
-@cache
 def _zone(name: str) -> ZoneInfo:
-    return ZoneInfo(name)
+    zone = zone_info(name)
+    if zone is None:
+        raise ValueError(f"unknown time zone {name!r}")  # refused when the config loads
+    return zone
 
 
 def zone_offset_ms(ms: Scalar, zone: str) -> int | None:

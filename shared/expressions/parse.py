@@ -15,9 +15,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import sqlglot
 from sqlglot import exp, parser
@@ -59,6 +57,7 @@ from shared.expressions.syntax import (
     Not,
     Or,
 )
+from shared.expressions.zones import zone_info
 
 MAX_EXPRESSION_CHARS = 4096
 """The longest expression text; a longer one is a config error (and no real metric's)."""
@@ -167,6 +166,14 @@ def parse_tree(text: str) -> exp.Expr:
         raise ExpressionError(text[:60] + "...", f"longer than {MAX_EXPRESSION_CHARS} characters")
     if not text.strip():
         raise ExpressionError(text, "empty expression")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ExpressionError(
+            text.encode("utf-8", "backslashreplace").decode(),
+            "holds a character that is not Unicode text (a lone surrogate such as \\ud800)",
+            exc.start,
+        ) from None
     try:
         trees = sqlglot.parse(text, dialect=_Dialect)
     except ParseError as exc:
@@ -508,16 +515,9 @@ def _start(e: exp.Expr) -> int | None:
     return None
 
 
-@cache
 def known_zone(name: str) -> bool:
-    """Whether `name` is an IANA time zone of the installed database."""
-    if not name or name != name.strip() or "\x00" in name or ".." in name:
-        return False
-    try:
-        ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
-        return False
-    return True
+    """Whether `name` is an IANA time zone (`shared.expressions.zones`)."""
+    return zone_info(name) is not None
 
 
 _HANDLERS: dict[type[exp.Expr], Callable[[_Builder, Any], Node]] = {

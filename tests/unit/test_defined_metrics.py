@@ -167,6 +167,9 @@ def _settings(tmp_path: Path, metric: dict[str, Any]) -> Settings:
         ({"fields": {"a": "lower(5)"}}, "fields.a: lower takes STRING"),
         ({"fields": {"a": "b", "b": "a"}}, "cycle (a -> b -> a)"),
         ({"fields": {"a": "hour(ts, 'Mars/Olympus')"}}, "unknown time zone"),
+        ({"fields": {"a": "hour(ts, 'localtime')"}}, "unknown time zone"),  # the host's
+        ({"fields": {"a": "hour(ts, 'right/UTC')"}}, "unknown time zone"),  # leap seconds
+        ({"fields": {"a": "'\ud800'"}}, "not Unicode text"),
         ({"fields": {"a": "frobnicate(x)"}}, "unknown function 'frobnicate'"),
         ({"fields": {"a": "x LIKE y"}}, "pattern must be a string literal"),
         ({"fields": {"a": "CAST(1.5 AS STRING)"}}, "a DOUBLE has no text"),

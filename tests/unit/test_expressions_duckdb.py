@@ -6,14 +6,14 @@ code points, date parts at DST changes and at years 1 and 9999) in both DuckDB a
 project's Python evaluator; the property test holds the two to identical answers, kind
 included, on generated expressions and events.
 
-DuckDB's time zones come from ICU, Python's from the system tz database (zoneinfo). For the
-zones `tests/expression_strategies.py` draws, they were found to agree at every explicit
-transition of the tz database (and 1 ms either side), at both changes of every rule year up to
-9999, on an hourly grid over 1800-2100 and at 100,000 random instants of years 1-9999, so the
-property test compares every instant. Other zones do not all agree (124 of the 598 zoneinfo
-knows differ somewhere: the two carry different tz database releases, and ICU keeps the old
-local-mean-time histories of zones the tz database has since made links), so a zone added to
-the strategies must be checked the same way first.
+DuckDB's time zones come from ICU, Python's from the pinned tzdata package
+(`shared/expressions/zones.py`). For the zones `tests/expression_strategies.py` draws, they
+were found to agree at every explicit transition of the tz database (and 1 ms either side), at
+both changes of every rule year up to 9999, on an hourly grid over 1800-2100 and at 100,000
+random instants of years 1-9999, so the property test compares every instant. Other zones do
+not all agree (124 of the 598 differed somewhere: the two carry different tz database
+releases, and ICU keeps the old local-mean-time histories of zones the tz database has since
+made links), so a zone added to the strategies must be checked the same way first.
 """
 
 from __future__ import annotations
