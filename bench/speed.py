@@ -87,6 +87,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -95,7 +96,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import psycopg
@@ -110,7 +111,8 @@ from bench import peers
 from bench.broker_usage import BrokerUsage
 from bench.common import log
 from bench.peers import PeerRun
-from lambdactl.generator import GeneratorSpec, generate, produce
+from bench.tables import table_config, table_records, with_lookup
+from lambdactl.generator import PAGES, GeneratorSpec, generate, produce
 from shared.config import Settings
 from shared.kafka import create_topics
 from shared.speed_view.keys import cell_pattern, fence_key, ids_pattern
@@ -128,12 +130,16 @@ def build_config(
     speed: dict[str, Any],
     quantiles: bool = True,
     expressions: bool = False,
+    lookups: bool = False,
 ) -> dict[str, Any]:
     base, _, _ = stack.postgres.url.rpartition("/")
     rbase, _, _ = stack.redis.url.rpartition("/")
     platform = platform_config(tag, partitions, quantiles=quantiles)
     if expressions:
         platform["metrics"] = [with_expressions(m) for m in platform["metrics"]]
+    if lookups:
+        platform["tables"] = [table_config(table_topic(tag))]
+        platform["metrics"] = [with_lookup(m) for m in platform["metrics"]]
     return {
         **platform,
         "kafka": {"bootstrap_servers": stack.kafka.bootstrap_servers},
@@ -158,6 +164,17 @@ def with_expressions(metric: dict[str, Any]) -> dict[str, Any]:
         "key": ["section"],
         "value": "latency_s",
     }
+
+
+def table_topic(tag: str) -> str:
+    """`--lookups`: the table's topic."""
+    return f"pages-{tag}"
+
+
+def produce_table(bootstrap: str, tag: str, keys: int, valid_from: int) -> int:
+    """`--lookups`: the table of `keys` keys (the generator's pages, then filler pages), one
+    version each, valid from `valid_from`."""
+    return produce(bootstrap, table_topic(tag), table_records(keys, 1, lambda i, v: valid_from))
 
 
 def measure_ceiling(bootstrap: str, topic: str, ends: dict[int, int]) -> float:
@@ -204,6 +221,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+class WorkerRun(NamedTuple):
+    rate: float
+    """Events/s from the first applied batch until every fence is at the end."""
+    worker: subprocess.Popen[bytes]
+    first_batch_s: float
+    """From the worker's start to its first applied batch (seen in its fences)."""
+    marker_s: float | None
+    """From the worker's start to `marker` in its log (None: not seen, or none asked)."""
+
+
 def measure_worker(
     env: dict[str, str],
     client: redis.Redis,
@@ -211,38 +238,101 @@ def measure_worker(
     ends: dict[int, int],
     timeout_s: float,
     log_path: str = "/tmp/bench-speed-worker.log",
-) -> tuple[float, subprocess.Popen[bytes]]:
-    """Start a worker; events/s from the first applied batch until every fence is at the end.
-    Also logs the worker's CPU time per event over the same span: on a busy machine it moves
-    much less than events/s does."""
+    marker: str | None = None,
+    profile: Path | None = None,
+) -> WorkerRun:
+    """Start a worker; events/s from the first applied batch until every fence is at the end
+    (so its start-up, and the tables it reads before its first batch, are not in it). Also
+    logs the worker's CPU time per event over the same span: on a busy machine it moves much
+    less than events/s does; and when its first batch was applied and, given `marker`, when
+    the worker logged it (polled every 50 ms, as the fences). `profile`: py-spy samples the
+    worker from its start until it caught up, into that file (collapsed stacks)."""
     worker = subprocess.Popen(
         [sys.executable, "-m", "lambdactl", "speed"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=open(log_path, "wb"),  # noqa: SIM115
     )
+    try:
+        return _follow(worker, client, topic, ends, timeout_s, log_path, marker, profile)
+    except BaseException:
+        stop_worker(worker)
+        raise
+
+
+def _follow(
+    worker: subprocess.Popen[bytes],
+    client: redis.Redis,
+    topic: str,
+    ends: dict[int, int],
+    timeout_s: float,
+    log_path: str,
+    marker: str | None,
+    profile: Path | None,
+) -> WorkerRun:
+    """`measure_worker` once the worker is started."""
+    began = time.perf_counter()
+    spy = None if profile is None else start_profile(worker.pid, profile)
     partitions = len(ends)
     deadline = time.monotonic() + timeout_s
     first: tuple[float, int] | None = None
     first_cpu = 0.0
+    marker_s: float | None = None
+    logged = ""
     want = [end - 1 for end in ends.values()]
-    while time.monotonic() < deadline:
-        current = fences(client, topic, partitions)
-        now = time.perf_counter()
-        done = sum(f + 1 for f in current)
-        if first is None and done > 0:
-            first = (now, done)
-            first_cpu = cpu_seconds(worker.pid)
-        if current == want:
-            assert first is not None
-            rate = (done - first[1]) / max(now - first[0], 1e-6)
-            used = cpu_seconds(worker.pid) - first_cpu
-            log(f"worker CPU: {used / max(done - first[1], 1) * 1e6:.1f} us/event")
-            return rate, worker
-        if worker.poll() is not None:
-            raise RuntimeError(f"the worker exited; see {log_path}")
-        time.sleep(0.05)
+    with open(log_path, encoding="utf-8", errors="replace") as worker_log:
+        while time.monotonic() < deadline:
+            current = fences(client, topic, partitions)
+            now = time.perf_counter()
+            if marker is not None and marker_s is None:
+                logged = logged[-len(marker) :] + worker_log.read()
+                if marker in logged:
+                    marker_s = now - began
+            done = sum(f + 1 for f in current)
+            if first is None and done > 0:
+                first = (now, done)
+                first_cpu = cpu_seconds(worker.pid)
+            if current == want:
+                assert first is not None
+                rate = (done - first[1]) / max(now - first[0], 1e-6)
+                used = cpu_seconds(worker.pid) - first_cpu
+                log(
+                    f"worker CPU: {used / max(done - first[1], 1) * 1e6:.1f} us/event; first "
+                    f"batch applied {first[0] - began:.1f} s after the worker's start"
+                )
+                if spy is not None:
+                    stop_profile(spy)
+                return WorkerRun(rate, worker, first[0] - began, marker_s)
+            if worker.poll() is not None:
+                raise RuntimeError(f"the worker exited; see {log_path}")
+            time.sleep(0.05)
+    if spy is not None:
+        stop_profile(spy)
     raise RuntimeError(f"worker did not catch up in {timeout_s}s: fences {current}, want {want}")
+
+
+def start_profile(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling process `pid` (not pausing it) into `out`, as collapsed stacks."""
+    spy = Path(sys.executable).with_name("py-spy")
+    command = [str(spy), "record", "--pid", str(pid), "--nonblocking", "--format", "raw"]
+    return subprocess.Popen(
+        [*command, "--rate", "250", "--output", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def stop_profile(spy: subprocess.Popen[bytes]) -> None:
+    """Stop py-spy; it writes its file on SIGINT."""
+    spy.send_signal(signal.SIGINT)
+    try:
+        spy.wait(30)
+    except subprocess.TimeoutExpired:
+        spy.kill()
+
+
+VARIANTS = ("plain", "expr", "lookup")
+"""The reruns' metrics: the bench's own, `with_expressions`, `with_lookup` (with the table)."""
 
 
 def rerun_worker(
@@ -251,12 +341,15 @@ def rerun_worker(
     stack: Settings,
     speed: dict[str, Any],
     ends: dict[int, int],
-    expressions: bool,
-) -> float:
-    """Another worker's events/s over the same topic from offset 0, in a Redis database
-    (`--expr-redis-db`, flushed) and consumer group of its own; `expressions`: with
-    `with_expressions` on its metric."""
-    name = "expr" if expressions else "plain"
+    variant: str,
+    profile: Path | None = None,
+) -> WorkerRun:
+    """Another worker's run over the same topic from offset 0, in a Redis database
+    (`--expr-redis-db`, flushed) and consumer group of its own, the worker stopped after it;
+    `variant` (`VARIANTS`): its metrics. A `lookup` worker's table read is timed from its
+    start to its `event=tables_read` log line. `profile`: py-spy's output (see
+    `measure_worker`)."""
+    assert variant in VARIANTS, variant
     config = build_config(
         tag,
         args.partitions,
@@ -264,8 +357,10 @@ def rerun_worker(
         args.expr_redis_db,
         speed,
         quantiles=not args.no_quantiles,
-        expressions=expressions,
+        expressions=variant == "expr",
+        lookups=variant == "lookup",
     )
+    name = variant if profile is None else f"{variant}-profiled"
     config["speed"]["app_id"] = f"bench-{tag}-{name}"
     client = redis.Redis.from_url(config["redis"]["url"])
     client.flushdb()
@@ -274,16 +369,23 @@ def rerun_worker(
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAMBDA_")}
     env["LAMBDA_CONFIG"] = str(config_path)
     topic = config["sources"][0]["topic"]
-    worker: subprocess.Popen[bytes] | None = None
+    run: WorkerRun | None = None
     try:
-        rate, worker = measure_worker(
-            env, client, topic, ends, timeout_s=600, log_path=f"/tmp/bench-speed-worker-{name}.log"
+        run = measure_worker(
+            env,
+            client,
+            topic,
+            ends,
+            timeout_s=600,
+            log_path=f"/tmp/bench-speed-worker-{name}.log",
+            marker="event=tables_read" if variant == "lookup" else None,
+            profile=profile,
         )
     finally:
-        if worker is not None:
-            stop_worker(worker)
+        if run is not None:
+            stop_worker(run.worker)
         client.flushdb()
-    return rate
+    return run
 
 
 def measure_peers(
@@ -479,10 +581,29 @@ def main() -> None:
         help="also measure the worker with a `where` and computed `fields` on its metric",
     )
     parser.add_argument(
-        "--expr-redis-db", type=int, default=12, help="for --expressions' workers (flushed)"
+        "--lookups",
+        action="store_true",
+        help="also measure the worker with its metric joined with a table (rule 11)",
+    )
+    parser.add_argument(
+        "--table-keys", type=int, default=100_000, help="--lookups' table size (keys)"
+    )
+    parser.add_argument(
+        "--expr-redis-db",
+        type=int,
+        default=12,
+        help="for the workers of --expressions and --lookups (flushed)",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="then run each measured kind of worker once more under py-spy (not measured), "
+        "writing DIR/speed-<plain|expr|lookup>.txt (collapsed stacks)",
     )
     args = parser.parse_args()
-    if args.expressions and args.expr_redis_db == args.redis_db:
+    if (args.expressions or args.lookups) and args.expr_redis_db == args.redis_db:
         parser.error("--expr-redis-db must differ from --redis-db")
     if args.peers:  # prepared before anything is measured; fails here if Java/Maven are missing
         started = time.perf_counter()
@@ -528,11 +649,21 @@ def main() -> None:
             bootstrap, topic, generate(GeneratorSpec(now - 120 * MINUTE, now, events, seed=3))
         )
         log(f"produced {produced} events in {time.perf_counter() - started:.1f}s")
+        if args.lookups:  # the table, before any worker starts: valid before every event
+            create_topics(
+                Settings(**build_config(tag, args.partitions, stack, 0, speed, lookups=True))
+            )
+            started = time.perf_counter()
+            keys = produce_table(bootstrap, tag, args.table_keys, now - 24 * 60 * MINUTE)
+            log(
+                f"produced the table: {keys} keys (the generator's {len(PAGES)} pages among them) "
+                f"in {time.perf_counter() - started:.1f}s"
+            )
         ends = end_offsets(bootstrap, topic, args.partitions)
         ceiling = measure_ceiling(bootstrap, topic, ends)
         log(f"ceiling (aiokafka getmany + orjson): {ceiling:,.0f} events/s")
         with BrokerUsage() as broker:
-            rate, worker = measure_worker(env, client, topic, ends, timeout_s=600)
+            rate, worker, _, _ = measure_worker(env, client, topic, ends, timeout_s=600)
         log(f"broker during the worker's run: {broker.figures()}")
         log(f"worker: {rate:,.0f} events/s sustained ({rate / ceiling:.3f} of the ceiling)")
         per_cell, _ = redis_memory(client, settings, produced)
@@ -540,15 +671,37 @@ def main() -> None:
         log(f"worker: {late:,} records late (published to the .late topic)")
         idle_cpu = cpu_seconds(worker.pid)
         extra = ""
+        last_plain = rate
         if args.expressions:  # plain, with expressions, plain again: drift cancels out
-            expr_rate = rerun_worker(args, tag, stack, speed, ends, expressions=True)
-            again = rerun_worker(args, tag, stack, speed, ends, expressions=False)
-            plain = (rate + again) / 2
+            expr_rate = rerun_worker(args, tag, stack, speed, ends, "expr").rate
+            again = rerun_worker(args, tag, stack, speed, ends, "plain").rate
+            plain = (last_plain + again) / 2
             log(
                 f"worker with where + computed fields: {expr_rate:,.0f} events/s; plain again: "
                 f"{again:,.0f}; {expr_rate / plain:.3f} of the plain runs' mean"
             )
             extra += f"expr_events_per_s={expr_rate:.0f} expr_ratio={expr_rate / plain:.3f} "
+            last_plain = again
+        if args.lookups:  # likewise between two plain runs
+            looked = rerun_worker(args, tag, stack, speed, ends, "lookup")
+            after = rerun_worker(args, tag, stack, speed, ends, "plain")
+            plain = (last_plain + after.rate) / 2
+            read_s = looked.marker_s
+            log(
+                f"worker with a lookup ({args.table_keys:,}-key table): {looked.rate:,.0f} "
+                f"events/s; plain again: {after.rate:,.0f}; {looked.rate / plain:.3f} of the "
+                f"plain runs' mean. Its table read: "
+                + ("no event=tables_read line seen" if read_s is None else f"{read_s:.1f} s")
+                + f" after its start; its first batch {looked.first_batch_s:.1f} s after it "
+                f"(the plain worker's: {after.first_batch_s:.1f} s)"
+            )
+            extra += (
+                f"lookup_events_per_s={looked.rate:.0f} lookup_ratio={looked.rate / plain:.3f} "
+                f"lookup_first_batch_s={looked.first_batch_s:.1f} "
+                f"plain_first_batch_s={after.first_batch_s:.1f} "
+            )
+            if read_s is not None:
+                extra += f"lookup_table_read_s={read_s:.1f} "
         if args.peers:
             figures = measure_peers(
                 bootstrap,
@@ -561,7 +714,14 @@ def main() -> None:
             peer_fields = [f"{name}_per_s={v:.0f}" for name, v in per_s.items()]
             peer_fields += [f"vs_{name}={rate / v:.3f}" for name, v in per_s.items()]
             extra = " ".join(peer_fields) + " " + extra
-        if args.peers or args.expressions:
+        if args.profile is not None:
+            args.profile.mkdir(parents=True, exist_ok=True)
+            measured = ["plain"] + ["expr"] * args.expressions + ["lookup"] * args.lookups
+            for variant in measured:
+                out = args.profile / f"speed-{variant}.txt"
+                profiled = rerun_worker(args, tag, stack, speed, ends, variant, profile=out)
+                log(f"{variant} worker under py-spy: {profiled.rate:,.0f} events/s; {out}")
+        if args.peers or args.expressions or args.lookups or args.profile is not None:
             log(f"the idle worker used {cpu_seconds(worker.pid) - idle_cpu:.1f} CPU s meanwhile")
         p50 = p99 = float("nan")
         if not args.skip_freshness:

@@ -20,12 +20,8 @@ import orjson
 
 from shared.config import SourceConfig
 from shared.expressions import MISSING, Emitter, split_path
-from shared.expressions.syntax import Computed, EventTime
+from shared.expressions.syntax import MAX_EVENT_MS, MIN_EVENT_MS, Computed, EventTime
 from shared.metric_plan import MetricPlan, SketchInput
-
-# Python's datetime range, so every valid event time is also a valid Spark/PostgreSQL timestamp.
-MIN_EVENT_MS = -62_135_596_800_000
-MAX_EVENT_MS = 253_402_300_799_999
 
 MAX_TEXT_BYTES = 1024
 """The longest id or key dimension value, in UTF-8 bytes. Both are stored in PostgreSQL btree

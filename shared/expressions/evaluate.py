@@ -20,6 +20,8 @@ from zoneinfo import ZoneInfo
 from shared.expressions.syntax import (
     BIGINT_MAX,
     BIGINT_MIN,
+    MAX_EVENT_MS,
+    MIN_EVENT_MS,
     TIME_FUNCTIONS,
     ArithOp,
     CompareOp,
@@ -33,8 +35,6 @@ from shared.expressions.zones import zone_info
 MISSING: Any = object()
 """What `read_path` returns for a path the event does not have."""
 
-_EVENT_MS_MIN = -62_135_596_800_000
-_EVENT_MS_MAX = 253_402_300_799_999
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 _ASCII_UPPER = str.maketrans("abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -266,7 +266,7 @@ def zone_offset_ms(ms: Scalar, zone: str) -> int | None:
     None when `ms` is no instant of the years 1-9999. Both layers take a zone's offsets from
     here (the batch layer's data source computes them beside the event), so they agree on every
     instant whatever tz database the JVM carries."""
-    if type(ms) is not int or not _EVENT_MS_MIN <= ms <= _EVENT_MS_MAX:
+    if type(ms) is not int or not MIN_EVENT_MS <= ms <= MAX_EVENT_MS:
         return None
     try:
         moment = (_EPOCH + timedelta(milliseconds=ms)).astimezone(_zone(zone))
@@ -283,7 +283,7 @@ def _date_part(function: Function, ms: Scalar, offset: Scalar) -> Scalar:
     if type(ms) is not int or type(offset) is not int:
         return None
     local = ms + offset
-    if not (_EVENT_MS_MIN <= ms <= _EVENT_MS_MAX and _EVENT_MS_MIN <= local <= _EVENT_MS_MAX):
+    if not (MIN_EVENT_MS <= ms <= MAX_EVENT_MS and MIN_EVENT_MS <= local <= MAX_EVENT_MS):
         return None
     if function is Function.HOUR:
         return local // 3_600_000 % 24

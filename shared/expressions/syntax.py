@@ -38,6 +38,11 @@ Scalar = bool | int | float | str | None
 """A value as both the evaluator and literals hold it: None is NULL, bool BOOLEAN, int BIGINT
 (within 64 bits), float DOUBLE (finite), str STRING."""
 
+MIN_EVENT_MS = -62_135_596_800_000
+MAX_EVENT_MS = 253_402_300_799_999
+"""Epoch ms of 0001-01-01T00:00:00.000Z and 9999-12-31T23:59:59.999Z: Python's datetime range,
+so every valid event time (and every instant a date part reads) is also a valid Spark and
+PostgreSQL timestamp."""
 BIGINT_MIN = -(2**63)
 BIGINT_MAX = 2**63 - 1
 
