@@ -1,13 +1,15 @@
 """Batch layer benchmark: full recompute throughput Kafka → Spark → PostgreSQL, and the cost of
 an incremental run for one new hour on top of 1x and 10x history (rule 7: cost follows new
-data, not history); optionally beside plain Spark jobs over the same data (`--peers`) and
-with the metrics' inputs defined by expressions (`--expressions`).
+data, not history); optionally beside plain Spark jobs over the same data (`--peers`), with
+the metrics' inputs defined by expressions (`--expressions`) and with a metric joined with a
+lookup table (`--lookups`).
 
     .venv/bin/python bench/batch.py --quick     # 1x = 100k, 10x = 1M events (~6 min)
     .venv/bin/python bench/batch.py             # 1x = 1M, 10x = 10M events
     .venv/bin/python bench/batch.py --events 10000000   # the same, by the full run's size
     .venv/bin/python bench/batch.py --malformed 0.005   # one record in 200 malformed (the soak's)
     .venv/bin/python bench/batch.py --quick --peers --expressions   # ~15 min
+    .venv/bin/python bench/batch.py --quick --lookups --expressions   # ~10 min
 
 History is spread over 24 h of event time; the new hour holds 1/24 of the 1x history. Each run
 executes in one Spark session started up front, so session start-up is not in any figure.
@@ -60,6 +62,22 @@ as one section `pages`) and `latency_s` used as its key and value. Adds `expr_ev
 and `expr_ratio=<r>` (its events/s over the full run's), `expr_cpu_s` and `expr_cpu_ratio`
 (the full run's CPU seconds over its own), and its stages on a line of their own. Should that
 run fail, the bench prints the traceback, reports `failed` for those fields and goes on.
+
+`--lookups`: likewise a full run over the same topic in a database of its own, after the
+expressions' run if any, with the table `pages` (topic `pages-<tag>x10l`, one partition) and the
+per-page metric joined with it (`with_lookups`: `lookups: [{table: pages, on: page, as: p}]`,
+keyed by `section: COALESCE(p.section, 'none')`, its value and aggregations kept; rule 11). The
+table is produced before any measured run (`table_records`): K keys (`--table-keys`, default
+100,000 whatever `--quick`: the generator's pages, which the events join, then filler pages) x V
+versions (`--table-versions`, default 3), each version of a key with another `section`; a key's
+first version valid from a day before the history, the others spread over the history's 24 h
+(version `v` at a point of its own in the `v`-th of V-1 equal spans), so the events of a page
+join different versions. Adds `lookup_events_per_s=<n>`, `lookup_ratio=<r>` (over the full
+run's events/s), `lookup_cpu_s` and `lookup_cpu_ratio` (the full run's CPU seconds over its
+own), and its stages (the join is planned into the first action: its time is in
+`read_decode`, with the table's read), Spark actions and Spark jobs on lines of their own;
+`failed` as above. Like the expressions' run, its metric has fewer keys (sections, not
+pages), so fewer cells than the full run's: its `cells` and `publish` stages are shorter.
 """
 
 from __future__ import annotations
@@ -74,12 +92,15 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psutil
 import psycopg
+from confluent_kafka import KafkaError, KafkaException
 from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -87,8 +108,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from batch_layer import RunSummary, execute_run, spark_session
 from bench.broker_usage import BrokerUsage
 from bench.plain_spark import PlainRun, cells_written, run_plain
-from bench.spark_jobs import describe, fields, jobs_of_group, run_stages
-from lambdactl.generator import GeneratorSpec, generate, produce
+from bench.spark_jobs import Job, describe, fields, jobs_of_group, run_stages
+from lambdactl.generator import PAGES, GeneratorSpec, SampleRecord, generate, produce
 from lambdactl.stack import stack_up
 from shared.config import Settings
 from shared.db.connect import connect
@@ -167,7 +188,8 @@ class World:
     settings: Settings
     dbname: str
     owns_topics: bool = True
-    """Whether dropping the world deletes its topics (a world reading another's does not)."""
+    """Whether dropping the world deletes its source's topics (a world reading another's does
+    not; its tables' topics are its own either way)."""
 
 
 def with_expressions(config: dict[str, Any]) -> dict[str, Any]:
@@ -183,6 +205,67 @@ def with_expressions(config: dict[str, Any]) -> dict[str, Any]:
     return {**config, "metrics": metrics}
 
 
+LOOKUP = {
+    "lookups": [{"table": "pages", "on": "page", "as": "p"}],
+    "fields": {"section": "COALESCE(p.section, 'none')"},
+    "key": ["section"],
+}
+"""`--lookups`: the per-page metric's join with the table and the key it reads from it."""
+SECTIONS = ["news", "sport", "tech", "culture", "business", "travel", "science", "opinion"]
+
+
+def with_lookups(config: dict[str, Any], table_topic: str) -> dict[str, Any]:
+    """The platform config with the table `pages` (topic `table_topic`) and the per-page
+    metric joined with it (rule 11), keyed by the joined version's section (`LOOKUP`), its
+    value and aggregations kept."""
+    table = {
+        "name": "pages",
+        "topic": table_topic,
+        "key_field": "page",
+        "time_field": "valid_from",
+        "partitions": 1,
+    }
+    metrics = [
+        {**metric, **LOOKUP} if metric["name"] == "views_by_page" else metric
+        for metric in config["metrics"]
+    ]
+    return {**config, "tables": [table], "metrics": metrics}
+
+
+def table_records(
+    keys: int, versions: int, valid_from: Callable[[int, int], int]
+) -> Iterator[SampleRecord]:
+    """`--lookups`: the table: `keys` keys, the generator's pages (the keys events join) then
+    filler pages `/page/<n>` no event reads; every key's first version, then every key's
+    second, and so on, version `v` of key `i` valid from `valid_from(i, v)`, each version of a
+    key with another section."""
+    for version in range(versions):
+        for i in range(keys):
+            page = PAGES[i] if i < len(PAGES) else f"/page/{i - len(PAGES) + 40}"
+            value = {
+                "page": page,
+                "section": SECTIONS[(i + version) % len(SECTIONS)],
+                "title": f"Page {i}, revision {version}",
+                "valid_from": valid_from(i, version),
+            }
+            yield SampleRecord(page.encode(), orjson.dumps(value))
+
+
+def table_valid_from(start_ms: int, end_ms: int, versions: int) -> Callable[[int, int], int]:
+    """`--lookups`: when version `v` of key `i` is valid from: the first a day before
+    `start_ms` (so every event joins a version), the others spread over [start, end) in as
+    many equal spans, each key's at a point of its own in its span (a multiplicative hash)."""
+    span = (end_ms - start_ms) // max(versions - 1, 1)
+
+    def valid_from(i: int, v: int) -> int:
+        if v == 0:
+            return start_ms - 24 * HOUR
+        spot = (i * 2_654_435_761 + v * 40_503) % 2**32
+        return start_ms + (v - 1) * span + spot * span // 2**32
+
+    return valid_from
+
+
 def make_world(
     base: Settings,
     tag: str,
@@ -190,16 +273,22 @@ def make_world(
     *,
     topic_of: str | None = None,
     expressions: bool = False,
+    lookups: bool = False,
 ) -> World:
-    """A database of its own and the topics of `tag`, or those of the world `topic_of` (tag)."""
+    """A database of its own and the topics of `tag`, or those of the world `topic_of` (tag);
+    `lookups`: and the table topic `pages-<tag>` (`with_lookups`)."""
     dbname = f"lp_bench_{tag}"
     with psycopg.connect(base.postgres.url, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
     url = base.postgres.url.rpartition("/")[0] + f"/{dbname}"
     upgrade(url)
     platform = platform_config(topic_of or tag, quantiles=quantiles)
+    if expressions:
+        platform = with_expressions(platform)
+    if lookups:
+        platform = with_lookups(platform, f"pages-{tag}")
     config: dict[str, Any] = {
-        **(with_expressions(platform) if expressions else platform),
+        **platform,
         "kafka": {"bootstrap_servers": base.kafka.bootstrap_servers},
         "postgres": {"url": url},
         "spark": base.spark.model_dump(),
@@ -214,13 +303,21 @@ def drop_world(base: Settings, world: World) -> None:
         drop_database(base.postgres.url, world.dbname)
     except psycopg.Error as exc:
         print(f"database {world.dbname} left behind ({exc}): drop it by hand", flush=True)
-    if not world.owns_topics:
+    topics = [t for table in world.settings.tables for t in (table.topic, table.dlq_topic)]
+    if world.owns_topics:
+        source = world.settings.sources[0]
+        topics += [source.topic, source.dlq_topic, source.late_topic]
+    if not topics:
         return
-    source = world.settings.sources[0]
-    topics = [source.topic, source.dlq_topic, source.late_topic]
     admin = admin_client(base)  # held until the deletions are done: its end cancels them
-    for future in admin.delete_topics(topics, operation_timeout=30).values():
-        future.result()
+    for topic, future in admin.delete_topics(topics, operation_timeout=30).items():
+        try:
+            future.result()
+        except KafkaException as exc:  # the other worlds are dropped all the same
+            error = exc.args[0] if exc.args else None
+            if isinstance(error, KafkaError) and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                continue  # gone already
+            print(f"topic {topic} left behind ({exc}): delete it by hand", flush=True)
 
 
 def fill(
@@ -273,6 +370,8 @@ class Timed:
     stages: dict[str, float]
     jobs: str
     """The run's Spark actions, for the log."""
+    spans: str
+    """The run's Spark jobs one by one, for the log (`job_spans`)."""
     cpu_s: float
     """CPU seconds of this process and its descendants during the run (`TreeCpu`)."""
 
@@ -292,7 +391,17 @@ def timed_run(world: World, spark: Any, mode: str) -> Timed:
         started,
         run_stages(jobs, started, wall, summary.timings),
         describe(jobs, started),
+        job_spans(jobs, started),
         cpu.seconds,
+    )
+
+
+def job_spans(jobs: list[Job], since: float) -> str:
+    """Each Spark job's span (seconds after `since`) and summed task time, for the log."""
+    return ", ".join(
+        f"job {j.job_id} {j.submitted - since:.1f}-{j.completed - since:.1f} s "
+        f"(tasks {j.task_s:.1f} s)"
+        for j in jobs
     )
 
 
@@ -310,12 +419,7 @@ def plain_stages(spark: Any, run: PlainRun) -> tuple[dict[str, float], str]:
         "shuffled": last.completed - first.completed,
         "driver": run.wall_s - (last.completed - first.submitted),
     }
-    spans = ", ".join(
-        f"job {j.job_id} {j.submitted - run.started:.1f}-{j.completed - run.started:.1f} s "
-        f"(tasks {j.task_s:.1f} s)"
-        for j in jobs
-    )
-    return stages, spans
+    return stages, job_spans(jobs, run.started)
 
 
 def main() -> None:
@@ -349,6 +453,15 @@ def main() -> None:
         action="store_true",
         help="also a full run over the 10x history with `where` and computed fields (rule 10)",
     )
+    parser.add_argument(
+        "--lookups",
+        action="store_true",
+        help="also a full run over the 10x history with a metric joined with a table (rule 11)",
+    )
+    parser.add_argument(
+        "--table-keys", type=int, default=100_000, help="--lookups' table size (keys)"
+    )
+    parser.add_argument("--table-versions", type=int, default=3, help="--lookups' versions per key")
     args = parser.parse_args()
     one_x = args.history or (args.events // 10 if args.events else 0)
     one_x = one_x or (100_000 if args.quick else 1_000_000)
@@ -361,17 +474,31 @@ def main() -> None:
     print(f"spark session start-up {time.monotonic() - started:.1f} s (not counted)", flush=True)
     now = int(time.time() * 1000) // HOUR * HOUR
     worlds = [make_world(base, f"{tag}x{n}", not args.no_quantiles) for n in (1, 10)]
+    expr_world = lookup_world = None
     if args.expressions:
-        worlds.append(
-            make_world(
-                base, f"{tag}x10e", not args.no_quantiles, topic_of=f"{tag}x10", expressions=True
-            )
+        expr_world = make_world(
+            base, f"{tag}x10e", not args.no_quantiles, topic_of=f"{tag}x10", expressions=True
         )
+        worlds.append(expr_world)
+    if args.lookups:
+        lookup_world = make_world(
+            base, f"{tag}x10l", not args.no_quantiles, topic_of=f"{tag}x10", lookups=True
+        )
+        worlds.append(lookup_world)
     parquet = tempfile.mkdtemp(prefix="lambda-bench-plain-")
     rss = PeakRss()
     rss.start()
     spark_done: float | None = None
     try:
+        if lookup_world is not None:
+            took, records = fill_table(
+                lookup_world, now - 25 * HOUR, now - HOUR, args.table_keys, args.table_versions
+            )
+            print(
+                f"table: produced {records} records ({args.table_keys} keys x "
+                f"{args.table_versions} versions) in {took:.1f} s",
+                flush=True,
+            )
         results: dict[str, float] = {}
         extra: list[str] = []
         full: Timed | None = None
@@ -402,12 +529,19 @@ def main() -> None:
                             peer(spark, base, world, full, parquet, spark_done, plan, prefix)
                         )
                         spark_done = time.monotonic()
-                if args.expressions:
+                if expr_world is not None:
                     wait_for_autovacuum(base, world.dbname)
                     python_workers_ended(spark_done)
-                    extra.append(expressions_run(spark, worlds[2], full))
+                    extra.append(variant_run(spark, expr_world, full, "expr", "with expressions"))
                     spark_done = time.monotonic()
-                    settle.append(worlds[2].dbname)
+                    settle.append(expr_world.dbname)
+                if lookup_world is not None:
+                    for dbname in settle:
+                        wait_for_autovacuum(base, dbname)
+                    python_workers_ended(spark_done)
+                    extra.append(variant_run(spark, lookup_world, full, "lookup", "with a lookup"))
+                    spark_done = time.monotonic()
+                    settle.append(lookup_world.dbname)
             fill(world, now - HOUR, now, one_x // 24, 100 + factor, args.malformed)
             waited = sum(wait_for_autovacuum(base, db) for db in settle)
             python_workers_ended(spark_done)
@@ -483,28 +617,49 @@ def peer(
     )
 
 
-def expressions_run(spark: Any, world: World, full: Timed) -> str:
-    """A full run of `world` (the 10x topic, the metrics `with_expressions`); its BENCH fields.
-    A failure is reported (the traceback, `failed` on the BENCH line), not raised."""
+def fill_table(
+    world: World, start_ms: int, end_ms: int, keys: int, versions: int
+) -> tuple[float, int]:
+    """Produce `world`'s table (`table_records`, valid from `table_valid_from`): (seconds,
+    records)."""
+    began = time.monotonic()
+    records = table_records(keys, versions, table_valid_from(start_ms, end_ms, versions))
+    sent = produce(world.settings.kafka.bootstrap_servers, world.settings.tables[0].topic, records)
+    return time.monotonic() - began, sent
+
+
+VARIANTS = {"expr": "expressions", "lookup": "lookup"}
+"""A variant run's BENCH prefix -> its name in the log."""
+
+
+def variant_run(spark: Any, world: World, full: Timed, prefix: str, what: str) -> str:
+    """A full run of `world` (the 10x topic, the metrics of a variant: `with_expressions`,
+    `with_lookups`); its BENCH fields, named by `prefix` (`VARIANTS`), `what` saying what the
+    run is with in the log. A failure is reported (the traceback, `failed` on the BENCH line),
+    not raised."""
+    name = VARIANTS[prefix]
     try:
         run = timed_run(world, spark, "full")
     except Exception as exc:
         traceback.print_exc()
-        print(f"10x: full run with expressions failed: {exc!r}", flush=True)
-        return "expr_events_per_s=failed expr_ratio=failed expr_cpu_s=failed expr_cpu_ratio=failed"
+        print(f"10x: full run {what} failed: {exc!r}", flush=True)
+        return " ".join(
+            f"{prefix}_{field}=failed" for field in ("events_per_s", "ratio", "cpu_s", "cpu_ratio")
+        )
     rate = run.summary.rows_in / run.wall_s
     print(
-        f"10x: full run with expressions {run.wall_s:.1f} s, {rate:,.0f} events/s, "
+        f"10x: full run {what} {run.wall_s:.1f} s, {rate:,.0f} events/s, "
         f"{run.summary.rows_out} cells, skipped {run.summary.skipped}, CPU {run.cpu_s:.1f} s, "
         f"phases {run.summary.timings}",
         flush=True,
     )
-    print(f"10x: expressions stages {fields(run.stages)}", flush=True)
-    print(f"10x: expressions Spark actions: {run.jobs}", flush=True)
+    print(f"10x: {name} stages {fields(run.stages)}", flush=True)
+    print(f"10x: {name} Spark actions: {run.jobs}", flush=True)
+    print(f"10x: {name} Spark jobs: {run.spans}", flush=True)
     full_rate = full.summary.rows_in / full.wall_s
     return (
-        f"expr_events_per_s={rate:.0f} expr_ratio={rate / full_rate:.2f} "
-        f"expr_cpu_s={run.cpu_s:.1f} expr_cpu_ratio={full.cpu_s / run.cpu_s:.2f}"
+        f"{prefix}_events_per_s={rate:.0f} {prefix}_ratio={rate / full_rate:.2f} "
+        f"{prefix}_cpu_s={run.cpu_s:.1f} {prefix}_cpu_ratio={full.cpu_s / run.cpu_s:.2f}"
     )
 
 

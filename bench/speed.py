@@ -2,13 +2,18 @@
 freshness through `GET /series`, and Redis memory per cell.
 
     .venv/bin/python bench/speed.py [--quick] [--events N] [--partitions P]
-        [--peers] [--expressions] [--skip-freshness]
+        [--peers] [--expressions] [--lookups [--table-keys K]] [--profile DIR]
+        [--skip-freshness]
 
 Brings up the local stack (`lambdactl.stack.stack_up`), gives itself a fresh topic, a fresh
 PostgreSQL database (no batch run: W is None) and a Redis database (`--redis-db`, default 13,
 flushed), then:
 
-1. produces N sample events (`lambdactl.generator`: 2% late, 2% duplicates);
+1. produces N sample events (`lambdactl.generator`: 2% late, 2% duplicates); with `--lookups`,
+   then the table `pages` (topic `pages-<tag>`, one partition, `table_records`): K keys
+   (`--table-keys`, default 100,000: the generator's pages, which the events join, then filler
+   pages), one version each with a `section` (and a `title` nothing reads), valid from a day
+   before the events;
 2. ceiling: a bare aiokafka `getmany` loop + `orjson.loads` over the same topic;
 3. one worker (`python -m lambdactl speed`, a subprocess) from offset 0 until every fence reaches
    the end: sustained events/s between the first fence seen and the last one reaching the end;
@@ -20,11 +25,25 @@ flushed), then:
    key and value (`with_expressions`), then once more without them: `expr_ratio` is the
    expressions' events/s over the mean of the two plain runs (step 3's and this one), so a
    machine that gets busier or quieter meanwhile biases it less;
+5b. with `--lookups`: likewise a worker whose `views_by_page` joins the table
+   (`with_lookup`: `lookups: [{table: pages, on: page, as: p}]`, keyed by
+   `section: COALESCE(p.section, 'none')`, its value and aggregations kept), then a plain one
+   again: `lookup_ratio` is its events/s over the mean of the plain runs around it (the last
+   plain run before it and this one). The worker reads the whole table before its first
+   batch; its events/s starts at its first applied batch, as every run's does, so the read is
+   not in it. The read is timed to the worker's `event=tables_read` log line when the log has
+   it; either way, `lookup_first_batch_s` and `plain_first_batch_s` (from each worker's start
+   to its first applied batch, the plain run's after it) differ by about the read's time;
 6. with `--peers`: the engines users would pick instead (`bench/peers`), one after the other
    over the same topic from its beginning, each under a fresh application id: Kafka Streams
    `at_least_once`, Kafka Streams `exactly_once_v2` and quix-streams (at-least-once);
 7. freshness: background load at `--rate` events/s plus one probe event every 100 ms on its own
    page; time from produce to the probe's count being visible through `GET /series`.
+
+With `--profile DIR`, after steps 5-6 each kind of worker measured (plain, then with
+expressions, with the lookup) runs once more, not measured, under py-spy from its start until
+it caught up: `DIR/speed-<plain|expr|lookup>.txt`, collapsed stacks by thread, idle samples
+included (so the event loop's blocking waits show).
 
 The worker of step 3 stays up, idle, through steps 5-6 (step 7 uses it; its CPU meanwhile is
 logged). Steps 5-6 run before step 7, which adds events to the topic.
@@ -32,10 +51,12 @@ logged). Steps 5-6 run before step 7, which adds events to the topic.
 Ends with one line:
 `BENCH speed events_per_s=<n> ceiling_per_s=<n> ratio=<r> [kstreams_per_s=<n>
 kstreams_eos_per_s=<n> quix_per_s=<n> vs_kstreams=<r> vs_kstreams_eos=<r> vs_quix=<r>]
-[expr_events_per_s=<n> expr_ratio=<r>] freshness_p50_ms=<n> freshness_p99_ms=<n>
-redis_bytes_per_cell=<n> broker_cpu_s=<s> broker_rss_mb=<n>` (on one line; the broker's
-figures cover the worker's run; `vs_<peer>` is the worker's events/s over the peer's;
-`expr_ratio` as in step 5).
+[expr_events_per_s=<n> expr_ratio=<r>] [lookup_events_per_s=<n> lookup_ratio=<r>
+lookup_first_batch_s=<s> plain_first_batch_s=<s> [lookup_table_read_s=<s>]]
+freshness_p50_ms=<n> freshness_p99_ms=<n> redis_bytes_per_cell=<n> broker_cpu_s=<s>
+broker_rss_mb=<n>` (on one line; the broker's figures cover the worker's run; `vs_<peer>` is
+the worker's events/s over the peer's; `expr_ratio` as in step 5, the `lookup_` fields as in
+step 5b).
 
 ## The peers (`--peers`), and what each does that the other does not
 
@@ -94,7 +115,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -111,8 +132,7 @@ from bench import peers
 from bench.broker_usage import BrokerUsage
 from bench.common import log
 from bench.peers import PeerRun
-from bench.tables import table_config, table_records, with_lookup
-from lambdactl.generator import PAGES, GeneratorSpec, generate, produce
+from lambdactl.generator import PAGES, GeneratorSpec, SampleRecord, generate, produce
 from shared.config import Settings
 from shared.kafka import create_topics
 from shared.speed_view.keys import cell_pattern, fence_key, ids_pattern
@@ -138,7 +158,15 @@ def build_config(
     if expressions:
         platform["metrics"] = [with_expressions(m) for m in platform["metrics"]]
     if lookups:
-        platform["tables"] = [table_config(table_topic(tag))]
+        platform["tables"] = [
+            {
+                "name": "pages",
+                "topic": table_topic(tag),
+                "key_field": "page",
+                "time_field": "valid_from",
+                "partitions": 1,
+            }
+        ]
         platform["metrics"] = [with_lookup(m) for m in platform["metrics"]]
     return {
         **platform,
@@ -166,15 +194,44 @@ def with_expressions(metric: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def with_lookup(metric: dict[str, Any]) -> dict[str, Any]:
+    """`views_by_page` joined with the table `pages` (rule 11 in docs/semantics.md) and keyed
+    by the joined version's section, its value and aggregations kept."""
+    if metric["name"] != "views_by_page":
+        return metric
+    return {
+        **metric,
+        "lookups": [{"table": "pages", "on": "page", "as": "p"}],
+        "fields": {"section": "COALESCE(p.section, 'none')"},
+        "key": ["section"],
+    }
+
+
+SECTIONS = ["news", "sport", "tech", "culture", "business", "travel", "science", "opinion"]
+
+
 def table_topic(tag: str) -> str:
     """`--lookups`: the table's topic."""
     return f"pages-{tag}"
 
 
+def table_records(keys: int, valid_from: int) -> Iterator[SampleRecord]:
+    """`--lookups`: the table: `keys` keys, the generator's pages (the keys events join) then
+    filler pages `/page/<n>` no event reads, one version each valid from `valid_from`."""
+    for i in range(keys):
+        page = PAGES[i] if i < len(PAGES) else f"/page/{i - len(PAGES) + 40}"
+        value = {
+            "page": page,
+            "section": SECTIONS[i % len(SECTIONS)],
+            "title": f"Page {i}",
+            "valid_from": valid_from,
+        }
+        yield SampleRecord(page.encode(), orjson.dumps(value))
+
+
 def produce_table(bootstrap: str, tag: str, keys: int, valid_from: int) -> int:
-    """`--lookups`: the table of `keys` keys (the generator's pages, then filler pages), one
-    version each, valid from `valid_from`."""
-    return produce(bootstrap, table_topic(tag), table_records(keys, 1, lambda i, v: valid_from))
+    """`--lookups`: produce the table (`table_records`)."""
+    return produce(bootstrap, table_topic(tag), table_records(keys, valid_from))
 
 
 def measure_ceiling(bootstrap: str, topic: str, ends: dict[int, int]) -> float:
@@ -312,11 +369,12 @@ def _follow(
 
 
 def start_profile(pid: int, out: Path) -> subprocess.Popen[bytes]:
-    """py-spy sampling process `pid` (not pausing it) into `out`, as collapsed stacks."""
+    """py-spy sampling process `pid` (not pausing it) into `out`, as collapsed stacks, each
+    under its thread's name, idle ones included (so the event loop's waits show too)."""
     spy = Path(sys.executable).with_name("py-spy")
     command = [str(spy), "record", "--pid", str(pid), "--nonblocking", "--format", "raw"]
     return subprocess.Popen(
-        [*command, "--rate", "250", "--output", str(out)],
+        [*command, "--threads", "--idle", "--rate", "250", "--output", str(out)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

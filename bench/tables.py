@@ -48,77 +48,36 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from lambdactl.generator import PAGES, SampleRecord
 
 CHUNK = 10_000
 """Records built at a time: as many as the worker's table read consumes at once."""
 HOUR = 3_600_000
-DAY = 24 * HOUR
 BASE_MS = 1_780_000_000_000
 SECTIONS = ["news", "sport", "tech", "culture", "business", "travel", "science", "opinion"]
 READS = (("section",),)
 """The paths the metric reads of the table (`p.section`): `project` keeps only these."""
 
-TABLE = "pages"
-"""The lookup benches' table (speed and batch `--lookups`), keyed by `page`."""
-LOOKUP_FIELDS = {"section": "COALESCE(p.section, 'none')"}
-"""`--lookups`: the per-page metric's computed key, read from the joined version."""
-
-
-def table_config(topic: str) -> dict[str, Any]:
-    """The `tables:` entry of the benches' table."""
-    return {
-        "name": TABLE,
-        "topic": topic,
-        "key_field": "page",
-        "time_field": "valid_from",
-        "partitions": 1,
-    }
-
-
-def with_lookup(metric: dict[str, Any]) -> dict[str, Any]:
-    """`views_by_page` joined with the table (rule 11 in docs/semantics.md) and keyed by the
-    joined version's `section` (`LOOKUP_FIELDS`), its value and aggregations kept; any other
-    metric as it is."""
-    if metric["name"] != "views_by_page":
-        return metric
-    return {
-        **metric,
-        "lookups": [{"table": TABLE, "on": "page", "as": "p"}],
-        "fields": dict(LOOKUP_FIELDS),
-        "key": ["section"],
-    }
-
-
-def page_of(i: int) -> str:
-    """The table's `i`-th key: the generator's pages (`lambdactl.generator.PAGES`, the keys
-    events join) first, then filler pages `/page/<n>` no event reads."""
-    return PAGES[i] if i < len(PAGES) else f"/page/{i - len(PAGES) + 40}"
-
 
 def table_records(
     keys: int, versions: int, valid_from: Callable[[int, int], int]
-) -> Iterator[SampleRecord]:
-    """The table's records: every key's first version, then every key's second, and so on (a
-    table updated over time); version `v` of key `i` valid from `valid_from(i, v)`, its
-    `section` one of `SECTIONS` (another for each version), with a `title` no metric reads.
-    The values are exact-size bytes, as a consumed record's are (orjson's keep ~1 KB of
-    slack)."""
+) -> Iterator[tuple[bytes, bytes]]:
+    """The table's records (Kafka key, value): every key's first version, then every key's
+    second, and so on (a table updated over time); version `v` of key `i` valid from
+    `valid_from(i, v)`, its `section` one of `SECTIONS` (another for each version), with a
+    `title` no metric reads. The values are exact-size bytes, as a consumed record's are
+    (orjson's keep ~1 KB of slack, which would count in the RSS)."""
     for version in range(versions):
         for i in range(keys):
-            page = page_of(i)
+            page = f"/page/{i}"
             value = {
                 "page": page,
                 "section": SECTIONS[(i + version) % len(SECTIONS)],
                 "title": f"Page {i}, revision {version}",
                 "valid_from": valid_from(i, version),
             }
-            encoded = json.dumps(value, separators=(",", ":")).encode()
-            yield SampleRecord(page.encode(), encoded)
+            yield page.encode(), json.dumps(value, separators=(",", ":")).encode()
 
 
 def malloc_trim() -> bool:
@@ -163,8 +122,8 @@ def measure(keys: int, versions: int) -> None:
     while chunk := list(itertools.islice(produced, CHUNK)):
         timestamp = int(time.time() * 1000)
         started = time.perf_counter()
-        for sample in chunk:
-            record = parse_table_record(sample.key, sample.value, timestamp, table)
+        for key, value in chunk:
+            record = parse_table_record(key, value, timestamp, table)
             assert not isinstance(record, Malformed), record
             if record.fields is not None:
                 record = record._replace(fields=project(record.fields, READS))

@@ -173,6 +173,9 @@ class SpeedWorker:
             )
         if fence.offset is not None:
             target = fence.offset + 1
+            # The partition's cells joined the tables up to its stream time, whichever worker
+            # applied them: a version valid before it is late for them too (rule 11).
+            self.tables.joined(self.joined_by_source[tp.topic], fence.stream_time)
         else:
             await asyncio.to_thread(self.served.refresh)
             if not self.served.loaded:
