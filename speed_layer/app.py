@@ -584,6 +584,8 @@ def run_worker(settings: Settings) -> None:
     SIGTERM/SIGINT stop it cleanly: the batch in hand is applied, offsets are committed."""
     check_topics(settings)
     sys.setswitchinterval(settings.speed.gil_switch_interval_s)
+    # Faust sets logging up once it runs; what `start` logs before (the tables read) is kept.
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] [%(process)d] %(message)s")
     worker_state = SpeedWorker(settings)
     worker_state.start()
     tune_gc()
