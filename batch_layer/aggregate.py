@@ -21,7 +21,6 @@ from batch_layer.defined_inputs import (
     with_defined_inputs,
 )
 from batch_layer.errors import UnpackablePositionError
-from batch_layer.lookups import TableRead
 from batch_layer.raw_reads import JoinRead
 from batch_layer.rebuild_index import RebuildIndex, next_rebuild_index
 from shared.aggregations import (
@@ -345,7 +344,7 @@ def aggregate_source(
     seen_ids: IdLookup | None = None,
     ids_known: Callable[[pa.Table], None] | None = None,
     time_range: tuple[int, int] | None = None,
-    versions: Mapping[JoinRead, TableRead] | None = None,
+    versions: Mapping[JoinRead, DataFrame] | None = None,
 ) -> SourceResult:
     """De-dup, count and aggregate one source's metric-input rows.
 

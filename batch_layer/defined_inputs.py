@@ -29,7 +29,7 @@ from batch_layer.expressions import (
     number_of,
     text_of,
 )
-from batch_layer.lookups import TableRead, with_lookups
+from batch_layer.lookups import with_lookups
 from batch_layer.raw_reads import JoinRead
 from shared.events import MAX_KEY_BYTES, MAX_TEXT_BYTES, VALUE_LIMIT
 from shared.expressions.syntax import Computed, EventTime, Field, Node
@@ -45,7 +45,7 @@ _PARTS = ("boolean", "bigint", "double", "string")
 def with_defined_inputs(
     rows: DataFrame,
     metrics: Sequence[MetricPlan],
-    versions: Mapping[JoinRead, TableRead] | None = None,
+    versions: Mapping[JoinRead, DataFrame] | None = None,
 ) -> DataFrame:
     """`rows` (laid out by `InputLayout.of(metrics)`) with the columns of every metric that
     has definitions, after the joins of their lookups with the tables' `versions` (rule 11,

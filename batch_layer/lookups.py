@@ -11,15 +11,14 @@ event's key text `j<q>` (the lookup's `on`, compiled to Spark columns as any exp
 the joined version's columns `j<q>r<k><part>`. Each key's versions are ordered by (valid-from,
 offset, partition) and given the valid-from of the next as the end of their range; an event
 joins the version whose range holds its time: a range join on the key, with no window over the
-events (the versions broadcast to the tasks when the table is small, `BROADCAST_RECORDS`, else
-both sides sorted by key). A version that deletes its key, or none, gives NULL parts and an
+events and nothing collected to the driver (Spark broadcasts the versions when they are small,
+else sorts both sides by key). A version that deletes its key, or none, gives NULL parts and an
 absent path (`m` true), as the speed layer's `TableVersions` does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -108,33 +107,15 @@ def _versions(
     return pa.RecordBatch.from_arrays(arrays, schema=_schema(reads))
 
 
-TABLE_SLICE_RECORDS = 100_000
-"""A table's records are decoded in Python, one record at a time (~10 µs): slices this small
-keep every core on it (a table usually has one partition)."""
-BROADCAST_RECORDS = 2_000_000
-"""A table of at most this many records (up to the snapshot) is joined by broadcasting its
-versions to every task (tens of MB at most), so the events are neither shuffled nor sorted by
-their key, which is often skewed (a few pages hold most views); a bigger table is joined by
-sorting both sides by key. Measured on 1M events and 100k keys x 3 versions: the sort-merge
-join held the run at 0.40-0.65 of the plain run's events/s."""
-
-
-@dataclass(frozen=True)
-class TableRead:
-    """A joined table's versions as Spark reads them, and how many records they come from."""
-
-    versions: DataFrame
-    records: int
-
-
 def read_versions(
     spark: SparkSession, settings: Settings, join: JoinRead, ends: Mapping[str, int]
-) -> TableRead:
+) -> DataFrame:
     """The versions of a join's table up to the snapshot's `ends` (partition -> end offset)."""
-    per_slice = min(settings.spark.max_offsets_per_slice, TABLE_SLICE_RECORDS)
-    slices = plan_slices({}, {int(p): end for p, end in ends.items()}, per_slice)
+    slices = plan_slices(
+        {}, {int(p): end for p, end in ends.items()}, settings.spark.max_offsets_per_slice
+    )
     reads = [[list(r.path), r.typed, r.text, r.number] for r in join.reads]
-    frame = (
+    return (
         spark.read.format("lambda_kafka_table")
         .options(**reader_options(settings.kafka))
         .option("table", join.table.model_dump_json())
@@ -142,11 +123,10 @@ def read_versions(
         .option("slices", orjson.dumps(slices).decode())
         .load()
     )
-    return TableRead(frame, sum(end - start for _, start, end in slices))
 
 
 def with_lookups(
-    rows: DataFrame, layout: InputLayout, versions: Mapping[JoinRead, TableRead]
+    rows: DataFrame, layout: InputLayout, versions: Mapping[JoinRead, DataFrame]
 ) -> DataFrame:
     """`rows` with every join's key text and joined columns (see the module's docstring)."""
     for q, join in enumerate(layout.joins):
@@ -155,7 +135,7 @@ def with_lookups(
 
 
 def _join(
-    rows: DataFrame, q: int, join: JoinRead, layout: InputLayout, table: TableRead
+    rows: DataFrame, q: int, join: JoinRead, layout: InputLayout, versions: DataFrame
 ) -> DataFrame:
     stages = Stages(f"_j{q}_")
     on = compile_value(
@@ -172,14 +152,12 @@ def _join(
     rows = rows.withColumn(f"j{q}", text_of(on))
     rows = rows.select(*[c for c in rows.columns if not c.startswith(f"_j{q}_")])
     v = f"_v{q}_"
-    valid = table.versions.where(F.col("malformed").isNull())
+    valid = versions.where(F.col("malformed").isNull())
     by_key = Window.partitionBy("key").orderBy("valid_from", "offset", "partition")
     ranged = valid.withColumn("valid_to", F.lead("valid_from").over(by_key)).select(
         *[F.col(c).alias(v + c) for c in ["key", "valid_from", "valid_to", "deleted"]],
         *[F.col(name).alias(v + name) for name, _ in column_types(join.reads, ())],
     )
-    if table.records <= BROADCAST_RECORDS:
-        ranged = F.broadcast(ranged)
     time = F.col("time_ms")
     matched = rows.join(
         ranged,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from batch_layer import execute_run, lookups
+from batch_layer import execute_run
 from lambdactl.generator import GeneratorSpec
 from shared.db.runs import RunRequest
 from shared.kafka import create_topics
@@ -36,9 +36,7 @@ from tests.conftest import Platform, reconfigured
 pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
 
 
-def test_runs_join_tables_as_of_event_time(
-    platform: Platform, spark: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_runs_join_tables_as_of_event_time(platform: Platform, spark: Any) -> None:
     tag = platform.config["sources"][0]["topic"]
     world = reconfigured(platform, metrics=LOOKUP_METRICS, tables=[pages_table(tag)])
     settings = world.settings
@@ -48,10 +46,8 @@ def test_runs_join_tables_as_of_event_time(
     produce_table(settings, table_history(start, mid, end))
     produce_spec(settings, GeneratorSpec(start, end, 3000, seed=28))
     produce_raw(settings, integer_pages(mid))
-    with monkeypatch.context() as patch:  # this run sorts both sides; the next ones broadcast
-        patch.setattr(lookups, "BROADCAST_RECORDS", 0)
-        run_id = queue(settings, RunRequest("full"))
-        execute_run(settings, spark, run_id)
+    run_id = queue(settings, RunRequest("full"))
+    execute_run(settings, spark, run_id)
     assert run_record(settings, run_id).status == "succeeded"
     assert oracle_mismatches(settings, world.config) == []
 
