@@ -163,11 +163,13 @@ class TableVersions:
                 return fields
         return None
 
-    def prune(self, before_ms: int) -> int:
+    def prune(self, before_ms: int, keys: int | None = None) -> int:
         """Forget the versions no event at or after `before_ms` can join (each superseded by
-        one valid from then at the latest), and keys deleted by then; how many were dropped."""
+        one valid from then at the latest), and keys deleted by then, for at most `keys` keys
+        (the rest at the next call); how many versions were dropped."""
         dropped = 0
-        while self._due and self._due[0][0] <= before_ms:
+        while self._due and self._due[0][0] <= before_ms and keys != 0:
+            keys = None if keys is None else keys - 1
             _, key = heappop(self._due)
             versions = self._versions.get(key)
             if versions is None:
