@@ -92,6 +92,7 @@ def platform_config(tag: str, partitions: int = 4, *, quantiles: bool = True) ->
                 "partitions": partitions,
             }
         ],
+        "tables": [],  # none: not the repo's lambda.yaml's, which fills what a config omits
         "metrics": [
             {
                 "name": "views_by_page",
@@ -149,6 +150,7 @@ def own_platform(
         redis_client(redis_settings).flushdb()
         upgrade(pg_url)
         config = config_of(tag)
+        config.setdefault("tables", [])  # the repo's lambda.yaml would fill an omitted one
         config.update(
             {
                 "kafka": {"bootstrap_servers": stack.kafka.bootstrap_servers},
