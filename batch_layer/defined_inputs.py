@@ -15,7 +15,7 @@ expression reading a computed field reads its columns rather than copying its tr
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -167,18 +167,7 @@ class _Metric:
     def text(self, name: str, prefix: str, *, checked: bool) -> tuple[Column, Column]:
         """An input's canonical text and its skip reason (NUL and length are `checked` for a
         key dimension, which the batch view stores)."""
-        node, value, absent = self._read(name)
-        if value is not None:
-            text = text_of(value)
-        elif isinstance(node, EventTime):
-            text = F.col("time_ms").cast("string")
-        else:
-            assert isinstance(node, Field)
-            text = F.col(self.column(node.path, "c"))
-        reason = F.when(
-            text.isNull(),
-            F.when(absent, F.lit(f"{prefix}_missing")).otherwise(F.lit(f"{prefix}_invalid")),
-        )
+        text, reason = self._input(name, prefix, "c", text_of, "string")
         if checked:
             reason = reason.when(F.instr(text, "\x00") > 0, F.lit(f"{prefix}_invalid")).when(
                 F.octet_length(text) > MAX_TEXT_BYTES, F.lit(f"{prefix}_too_long")
@@ -187,19 +176,25 @@ class _Metric:
 
     def number(self, name: str, prefix: str) -> tuple[Column, Column]:
         """An input's finite number and its skip reason."""
+        number, reason = self._input(name, prefix, "n", number_of, "double")
+        out_of_range = F.abs(number) >= F.lit(VALUE_LIMIT)
+        return number, reason.when(out_of_range, F.lit(f"{prefix}_out_of_range"))
+
+    def _input(
+        self, name: str, prefix: str, part: str, of: Callable[[SparkValue], Column], kind: str
+    ) -> tuple[Column, Column]:
+        """An input read as `kind` (a computed value through `of`, a raw path's `part`, the
+        event time cast) and its reason when it has none: missing or invalid."""
         node, value, absent = self._read(name)
         if value is not None:
-            number = number_of(value)
+            column = of(value)
         elif isinstance(node, EventTime):
-            number = F.col("time_ms").cast("double")
+            column = F.col("time_ms").cast(kind)
         else:
             assert isinstance(node, Field)
-            number = F.col(self.column(node.path, "n"))
-        reason = F.when(
-            number.isNull(),
-            F.when(absent, F.lit(f"{prefix}_missing")).otherwise(F.lit(f"{prefix}_invalid")),
-        ).when(F.abs(number) >= F.lit(VALUE_LIMIT), F.lit(f"{prefix}_out_of_range"))
-        return number, reason
+            column = F.col(self.column(node.path, part))
+        missing, invalid = F.lit(f"{prefix}_missing"), F.lit(f"{prefix}_invalid")
+        return column, F.when(column.isNull(), F.when(absent, missing).otherwise(invalid))
 
 
 def _all(*conditions: Column) -> Column:
