@@ -142,7 +142,7 @@ def _execute(
     progress: RunProgress,
 ) -> RunSummary:
     began = time.monotonic()
-    plan = plan_run(settings, conn, record, force)
+    plan = plan_run(settings, spark, conn, record, force)
     summary = RunSummary(run_id=record.id, generation=0, mode=plan.mode, snapshot=plan.snapshot)
     summary.timings["snapshot_s"] = time.monotonic() - began
     results: Results = []
@@ -215,7 +215,7 @@ def _read_and_aggregate(
 ) -> SourceResult:
     metrics = settings.plans_of(source)
     ends = {int(p): offset for p, offset in plan.snapshot[source.topic].items()}
-    read = plan.source_read(source)
+    read = plan.source_read(source, metrics)
     slices = plan_slices(read.starts, ends, settings.spark.max_offsets_per_slice)
     rows = (
         spark.read.format("lambda_kafka")
@@ -249,8 +249,7 @@ def _read_and_aggregate(
         metrics,
         watermarks_of,
         bucket_ms=math.gcd(*(m.base_window_ms for m in metrics)),
-        fresh_from=read.fresh_from,
-        previous_index=read.previous_index,
+        read=read,
         seen_ids=plan.seen_ids(settings, source),
         ids_known=ids_known,
         time_range=plan.time_range,

@@ -111,15 +111,49 @@ def read_versions(
     spark: SparkSession, settings: Settings, join: JoinRead, ends: Mapping[str, int]
 ) -> DataFrame:
     """The versions of a join's table up to the snapshot's `ends` (partition -> end offset)."""
-    slices = plan_slices(
-        {}, {int(p): end for p, end in ends.items()}, settings.spark.max_offsets_per_slice
+    return _table_records(spark, settings, join.table, join.reads, {}, ends)
+
+
+def earliest_change(
+    spark: SparkSession,
+    settings: Settings,
+    table: TableConfig,
+    starts: Mapping[str, int],
+    ends: Mapping[str, int],
+) -> int | None:
+    """The earliest valid-from time of the table's valid records in `[starts, ends)` (partition
+    -> offset; None: no valid record there): the versions an incremental run has not read."""
+    earliest = (
+        _table_records(spark, settings, table, [], starts, ends)
+        .where(F.col("malformed").isNull())
+        .agg(F.min("valid_from"))
+        .collect()[0][0]
     )
-    reads = [[list(r.path), r.typed, r.text, r.number] for r in join.reads]
+    return None if earliest is None else int(earliest)
+
+
+def _table_records(
+    spark: SparkSession,
+    settings: Settings,
+    table: TableConfig,
+    reads: Sequence[RawRead],
+    starts: Mapping[str, int],
+    ends: Mapping[str, int],
+) -> DataFrame:
+    """The table's records in `[starts, ends)` (partition -> offset) as version rows."""
+    slices = plan_slices(
+        {int(p): start for p, start in starts.items()},
+        {int(p): end for p, end in ends.items()},
+        settings.spark.max_offsets_per_slice,
+    )
     return (
         spark.read.format("lambda_kafka_table")
         .options(**reader_options(settings.kafka))
-        .option("table", join.table.model_dump_json())
-        .option("reads", orjson.dumps(reads).decode())
+        .option("table", table.model_dump_json())
+        .option(
+            "reads",
+            orjson.dumps([[list(r.path), r.typed, r.text, r.number] for r in reads]).decode(),
+        )
         .option("slices", orjson.dumps(slices).decode())
         .load()
     )

@@ -428,12 +428,21 @@ def publish_incremental(
     ids: pa.Table | Iterable[tuple[str, str, int, int]],
     publication: Publication,
     kinds: Mapping[str, Sequence[SketchKind]],
+    recomputed: Iterable[tuple[str, str, int]] = (),
 ) -> int:
     """Merge the new events' cells into the served generation's stored cells, insert the new
     ids and advance the served row, in one transaction; returns the cells written. `kinds`
-    are each metric's sketch slots."""
+    are each metric's sketch slots. `recomputed` rows — (metric, version, first start) —
+    name cells computed from every event (rule 11): they replace the stored ones from that
+    start on, in every window."""
     with conn.transaction():
         _lock_served(conn, generation, previous_snapshot)
+        for metric, version, since in recomputed:
+            conn.execute(
+                "DELETE FROM batch_cells WHERE generation = %s AND metric = %s AND version = %s "
+                "AND start_ms >= %s",
+                [generation, metric, version, since],
+            )
         new_cells = list(new_cells)
         _stage_cells(conn, new_cells)
         stored = _read_stored(conn, generation)

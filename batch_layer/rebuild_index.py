@@ -32,3 +32,15 @@ def next_rebuild_index(
     for (partition, bucket), offset in sorted(smallest.items()):
         index.setdefault(partition, []).append([bucket, offset])
     return index
+
+
+def first_offsets_since(
+    index: Mapping[int, Sequence[Sequence[int]]], since: int, threshold: int | None
+) -> dict[int, int] | None:
+    """partition -> the smallest offset of a source-valid event at or after `since` (a bucket
+    boundary), by an index kept from `threshold` on (None: from the beginning); partitions with
+    none are absent. None when the index does not reach back to `since`."""
+    if threshold is not None and since < threshold:
+        return None
+    firsts = {p: [o for bucket, o in pairs if bucket >= since] for p, pairs in index.items()}
+    return {p: min(offsets) for p, offsets in firsts.items() if offsets}

@@ -12,14 +12,18 @@ plan the same way.
   the served snapshot; only the cells in that range are replaced; W never moves.
 
 An incremental or range run whose served cells were computed with other metric versions (or
-with no served view at all) executes as `full`, and so does an incremental run when a table
-some metric joins changed since the served snapshot (rule 11)."""
+with no served view at all) executes as `full`. When a table some metric joins has versions
+past the served snapshot, an incremental run also recomputes that metric's cells from the
+earliest time those versions are valid from, from every event (rule 11): it re-reads each
+partition from the first offset of an event at or after that time (the rebuild index says
+where, when it reaches back that far; else from offset 0) and replaces those cells."""
 
 from __future__ import annotations
 
 import logging
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -28,9 +32,11 @@ import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import sql
+from pyspark.sql import SparkSession
 
-from batch_layer.aggregate import IdLookup, SourceResult
+from batch_layer.aggregate import IdLookup, SourceRead, SourceResult
 from batch_layer.errors import LogRewoundError
+from batch_layer.lookups import earliest_change
 from batch_layer.publish import (
     FullGeneration,
     Publication,
@@ -39,6 +45,7 @@ from batch_layer.publish import (
     publish_incremental,
     publish_range,
 )
+from batch_layer.rebuild_index import first_offsets_since
 from batch_layer.snapshot import Snapshot, take_snapshot
 from shared.config import RunMode, Settings, SourceConfig
 from shared.db.cells import BatchCell
@@ -54,19 +61,6 @@ log = logging.getLogger(__name__)
 Results = list[tuple[SourceConfig, SourceResult]]
 
 
-@dataclass(frozen=True)
-class SourceRead:
-    """Where a run reads one source from."""
-
-    starts: dict[int, int] = field(default_factory=dict)
-    """partition -> first offset read (0 when absent)."""
-    fresh_from: dict[int, int] | None = None
-    """partition -> first offset no earlier run read (rows before it are read only to find
-    `rebuild_from`); None: every row read is new."""
-    previous_index: dict[int, list[list[int]]] | None = None
-    """The served rebuild index the next one is built from (incremental runs)."""
-
-
 @dataclass
 class RunPlan(ABC):
     """What one run of a mode reads and how it publishes."""
@@ -79,7 +73,8 @@ class RunPlan(ABC):
     time_range: tuple[int, int] | None = None
     """Only events in `[start, end)` are aggregated (range runs)."""
 
-    def source_read(self, source: SourceConfig) -> SourceRead:
+    def source_read(self, source: SourceConfig, metrics: Sequence[MetricPlan]) -> SourceRead:
+        """Where the run reads `source` (whose metrics are `metrics`) from."""
         return SourceRead()
 
     def watermark(self, metric: MetricPlan, stream_times: Iterable[int]) -> int | None:
@@ -146,17 +141,41 @@ class FullRun(RunPlan):
 @dataclass
 class IncrementalRun(RunPlan):
     mode: ClassVar[RunMode] = "incremental"
+    recompute_from: dict[str, int] = field(default_factory=dict)
+    """metric -> the start of the cells recomputed from every event (a boundary of all its
+    windows): where the earliest version of a joined table read since the served snapshot is
+    valid from (rule 11)."""
 
-    def source_read(self, source: SourceConfig) -> SourceRead:
+    def source_read(self, source: SourceConfig, metrics: Sequence[MetricPlan]) -> SourceRead:
         served = self._served()
         fresh_from = {int(p): o for p, o in served.snapshot.get(source.topic, {}).items()}
+        recompute_from = {
+            m.name: self.recompute_from[m.name] for m in metrics if m.name in self.recompute_from
+        }
         index = served.rebuild_index.get(source.topic)
         if index is None:  # published before the index existed: find the events after W again
             rebuild = {int(p): o for p, o in served.rebuild_from.get(source.topic, {}).items()}
             starts = {p: min(o, rebuild.get(p, o)) for p, o in fresh_from.items()}
-            return SourceRead(starts, fresh_from)
+            if recompute_from:
+                starts = {}
+            return SourceRead(starts, fresh_from, recompute_from=recompute_from)
         previous = {int(p): pairs for p, pairs in index.items()}
-        return SourceRead(dict(fresh_from), fresh_from, previous)
+        starts = dict(fresh_from)
+        since = min(recompute_from.values(), default=None)
+        if since is not None:
+            reread = first_offsets_since(previous, since, self._index_threshold(metrics))
+            starts = (
+                {}
+                if reread is None
+                else {p: min(o, reread.get(p, o)) for p, o in fresh_from.items()}
+            )
+        return SourceRead(starts, fresh_from, previous, recompute_from)
+
+    def _index_threshold(self, metrics: Sequence[MetricPlan]) -> int | None:
+        """The time from which the served rebuild index holds every event: the smallest served
+        W of the source's metrics (None: all of them)."""
+        served = [self._served_watermark(m) for m in metrics]
+        return None if None in served else min(w for w in served if w is not None)
 
     def seen_ids(self, settings: Settings, source: SourceConfig) -> IdLookup | None:
         return None if source.id_field is None else _id_lookup(settings.postgres.url, source.name)
@@ -177,6 +196,7 @@ class IncrementalRun(RunPlan):
             _id_rows(results),
             publication,
             {m.name: m.kinds for m in settings.plans.values()},
+            [(m, settings.plans[m].version, since) for m, since in self.recompute_from.items()],
         )
         return served.generation, written
 
@@ -213,7 +233,11 @@ class RangeRun(RunPlan):
 
 
 def plan_run(
-    settings: Settings, conn: psycopg.Connection[Any], record: RunRecord, force: RunMode | None
+    settings: Settings,
+    spark: SparkSession,
+    conn: psycopg.Connection[Any],
+    record: RunRecord,
+    force: RunMode | None,
 ) -> RunPlan:
     """The plan of run `record` (`force`: the mode to run instead of the requested one)."""
     served = read_served(conn)
@@ -236,16 +260,15 @@ def plan_run(
                         f"{topic}[{partition}] ends at offset {end}, before the served snapshot; "
                         "the topic was recreated: queue a full run"
                     )
-        changed = _changed_tables(settings, snapshot, served)
-        if changed:
+        recompute_from = _recompute_from(settings, spark, snapshot, served)
+        if recompute_from:
             log.info(
-                "run %s: joined tables %s changed since the served snapshot (rule 11); "
-                "running full",
+                "run %s: joined tables changed since the served snapshot; recomputing the "
+                "cells of %s (rule 11)",
                 record.id,
-                changed,
+                ", ".join(f"{m} from {since}" for m, since in sorted(recompute_from.items())),
             )
-            return FullRun(snapshot, served)
-        return IncrementalRun(snapshot, served)
+        return IncrementalRun(snapshot, served, recompute_from=recompute_from)
     assert record.range_start_ms is not None and record.range_end_ms is not None
     plans = settings.plans.values()
     largest = max(w for m in plans for w in m.windows_ms)
@@ -260,12 +283,28 @@ def plan_run(
     return RangeRun(served.snapshot, served, time_range, replaced)
 
 
-def _changed_tables(settings: Settings, snapshot: Snapshot, served: ServedView) -> list[str]:
-    """The tables some metric joins that hold records past the served snapshot."""
+def _recompute_from(
+    settings: Settings, spark: SparkSession, snapshot: Snapshot, served: ServedView
+) -> dict[str, int]:
+    """metric -> the start from which an incremental run recomputes its cells (rule 11): the
+    earliest valid-from time among the versions of its joined tables past the served snapshot,
+    floored to a boundary of all the metric's windows (so every cell lies wholly on one side)."""
     joined = {lookup.table for m in settings.plans.values() for lookup in m.lookups}
-    return sorted(
-        table.name for table in joined if snapshot[table.topic] != served.snapshot.get(table.topic)
-    )
+    changes = {
+        table.name: earliest_change(
+            spark, settings, table, served.snapshot.get(table.topic, {}), snapshot[table.topic]
+        )
+        for table in joined
+        if snapshot[table.topic] != served.snapshot.get(table.topic)
+    }
+    recompute_from = {}
+    for metric in settings.plans.values():
+        times = [
+            t for lookup in metric.lookups if (t := changes.get(lookup.table.name)) is not None
+        ]
+        if times:
+            recompute_from[metric.name] = window_start(min(times), math.lcm(*metric.windows_ms))
+    return recompute_from
 
 
 def _id_lookup(postgres_url: str, source: str) -> IdLookup:
@@ -280,12 +319,18 @@ def _id_lookup(postgres_url: str, source: str) -> IdLookup:
                 candidates.select(["event_id"]).to_batches(200_000),
             )
             rows = conn.execute(
-                "SELECT p.event_id FROM probe_ids p JOIN dedup_ids d "
+                'SELECT p.event_id, d.partition, d."offset" FROM probe_ids p JOIN dedup_ids d '
                 "ON d.source = %s AND d.event_id = p.event_id",
                 [source],
             ).fetchall()
             conn.rollback()
-        return pa.table({"event_id": pa.array([r[0] for r in rows], pa.string())})
+        return pa.table(
+            {
+                "event_id": pa.array([r[0] for r in rows], pa.string()),
+                "partition": pa.array([r[1] for r in rows], pa.int32()),
+                "offset": pa.array([r[2] for r in rows], pa.int64()),
+            }
+        )
 
     return lookup
 

@@ -241,7 +241,7 @@ def table_records(
     key with another section."""
     for version in range(versions):
         for i in range(keys):
-            page = PAGES[i] if i < len(PAGES) else f"/page/{i - len(PAGES) + 40}"
+            page = table_page(i)
             value = {
                 "page": page,
                 "section": SECTIONS[(i + version) % len(SECTIONS)],
@@ -249,6 +249,11 @@ def table_records(
                 "valid_from": valid_from(i, version),
             }
             yield SampleRecord(page.encode(), orjson.dumps(value))
+
+
+def table_page(i: int) -> str:
+    """`--lookups`: key `i` of the table: the generator's pages, then filler pages."""
+    return PAGES[i] if i < len(PAGES) else f"/page/{i - len(PAGES) + 40}"
 
 
 def table_valid_from(start_ms: int, end_ms: int, versions: int) -> Callable[[int, int], int]:
@@ -532,15 +537,34 @@ def main() -> None:
                 if expr_world is not None:
                     wait_for_autovacuum(base, world.dbname)
                     python_workers_ended(spark_done)
-                    extra.append(variant_run(spark, expr_world, full, "expr", "with expressions"))
+                    extra.append(
+                        variant_run(spark, expr_world, full, "expr", "with expressions")[0]
+                    )
                     spark_done = time.monotonic()
                     settle.append(expr_world.dbname)
                 if lookup_world is not None:
                     for dbname in settle:
                         wait_for_autovacuum(base, dbname)
                     python_workers_ended(spark_done)
-                    extra.append(variant_run(spark, lookup_world, full, "lookup", "with a lookup"))
+                    figures, lookup = variant_run(
+                        spark, lookup_world, full, "lookup", "with a lookup"
+                    )
+                    extra.append(figures)
                     spark_done = time.monotonic()
+                    if lookup is not None:
+                        wait_for_autovacuum(base, lookup_world.dbname)
+                        python_workers_ended(spark_done)
+                        extra.append(
+                            correction_run(
+                                spark,
+                                lookup_world,
+                                lookup,
+                                now - 25 * HOUR,
+                                now - HOUR,
+                                args.table_keys,
+                            )
+                        )
+                        spark_done = time.monotonic()
                     settle.append(lookup_world.dbname)
             fill(world, now - HOUR, now, one_x // 24, 100 + factor, args.malformed)
             waited = sum(wait_for_autovacuum(base, db) for db in settle)
@@ -628,24 +652,71 @@ def fill_table(
     return time.monotonic() - began, sent
 
 
+CORRECTED_SHARE = 0.01
+"""`--lookups`: the share of the table's keys a back-dated correction gives a new version."""
+CORRECTED_SPAN = 6 * HOUR
+"""`--lookups`: how far before the history's end the correction is valid from."""
+
+
+def correction_run(
+    spark: Any, world: World, full: Timed, start_ms: int, end_ms: int, keys: int
+) -> str:
+    """`--lookups`: after the lookup world's full run, a correction back-dated into the
+    history (a new version of `CORRECTED_SHARE` of the keys, the events' pages first, valid
+    from `CORRECTED_SPAN` before the end), then an incremental run, which recomputes the
+    joined metric's cells from there on (rule 11); its BENCH fields: `lookup_incr_s`,
+    `lookup_incr_share` (the share of the history's events from the correction's valid-from
+    time on, which the run re-reads) and `lookup_incr_ratio` (its wall time over the lookup
+    world's full run `full`)."""
+    corrected = max(1, int(keys * CORRECTED_SHARE))
+    since = end_ms - CORRECTED_SPAN
+    records = [
+        SampleRecord(
+            page.encode(), orjson.dumps({"page": page, "section": "x", "valid_from": since})
+        )
+        for page in map(table_page, range(corrected))
+    ]
+    produce(world.settings.kafka.bootstrap_servers, world.settings.tables[0].topic, iter(records))
+    try:
+        run = timed_run(world, spark, "incremental")
+        assert run.summary.mode == "incremental", run.summary.mode
+    except Exception as exc:
+        traceback.print_exc()
+        print(f"10x: incremental run after a correction failed: {exc!r}", flush=True)
+        return "lookup_incr_s=failed"
+    share = CORRECTED_SPAN / (end_ms - start_ms)
+    print(
+        f"10x: correction of {corrected} keys valid from {CORRECTED_SPAN // HOUR} h before the "
+        f"end; incremental run {run.wall_s:.1f} s (the full run {full.wall_s:.1f} s), "
+        f"{run.summary.rows_out} cells, phases {run.summary.timings}",
+        flush=True,
+    )
+    print(f"10x: correction stages {fields(run.stages)}", flush=True)
+    return (
+        f"lookup_incr_s={run.wall_s:.1f} lookup_incr_share={share:.2f} "
+        f"lookup_incr_ratio={run.wall_s / full.wall_s:.2f}"
+    )
+
+
 VARIANTS = {"expr": "expressions", "lookup": "lookup"}
 """A variant run's BENCH prefix -> its name in the log."""
 
 
-def variant_run(spark: Any, world: World, full: Timed, prefix: str, what: str) -> str:
+def variant_run(
+    spark: Any, world: World, full: Timed, prefix: str, what: str
+) -> tuple[str, Timed | None]:
     """A full run of `world` (the 10x topic, the metrics of a variant: `with_expressions`,
-    `with_lookups`); its BENCH fields, named by `prefix` (`VARIANTS`), `what` saying what the
-    run is with in the log. A failure is reported (the traceback, `failed` on the BENCH line),
-    not raised."""
+    `with_lookups`): its BENCH fields, named by `prefix` (`VARIANTS`), `what` saying what the
+    run is with in the log, and the run (None: it failed). A failure is reported (the
+    traceback, `failed` on the BENCH line), not raised."""
     name = VARIANTS[prefix]
     try:
         run = timed_run(world, spark, "full")
     except Exception as exc:
         traceback.print_exc()
         print(f"10x: full run {what} failed: {exc!r}", flush=True)
-        return " ".join(
-            f"{prefix}_{field}=failed" for field in ("events_per_s", "ratio", "cpu_s", "cpu_ratio")
-        )
+        fails = ("events_per_s", "ratio", "cpu_s", "cpu_ratio")
+        return " ".join(f"{prefix}_{field}=failed" for field in fails), None
     rate = run.summary.rows_in / run.wall_s
     print(
         f"10x: full run {what} {run.wall_s:.1f} s, {rate:,.0f} events/s, "
@@ -660,7 +731,7 @@ def variant_run(spark: Any, world: World, full: Timed, prefix: str, what: str) -
     return (
         f"{prefix}_events_per_s={rate:.0f} {prefix}_ratio={rate / full_rate:.2f} "
         f"{prefix}_cpu_s={run.cpu_s:.1f} {prefix}_cpu_ratio={full.cpu_s / run.cpu_s:.2f}"
-    )
+    ), run
 
 
 if __name__ == "__main__":

@@ -1,14 +1,17 @@
 """Runs of metrics with lookups (rule 11 in docs/semantics.md) against the brute-force oracle,
 which joins by the rule itself: a table that changes mid-stream, a back-dated version, two
 versions valid from the same time, a deleted key (flag and tombstone), a key absent from the
-table, an integer join key, invalid table records; then a back-dated update arriving after the
-events it applies to, which the next run (asked for as incremental) recomputes."""
+table, an integer join key, invalid table records; then updates arriving after the events they
+apply to, which the next incremental runs recompute: one back-dated before W (the run re-reads
+every partition from offset 0), one valid after W (it re-reads from the rebuild index's offsets),
+with copies of events counted before."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+import orjson
 import pytest
 
 from batch_layer import execute_run
@@ -19,7 +22,6 @@ from tests import oracle
 from tests.batch.helpers import (
     HOUR,
     LOOKUP_METRICS,
-    MINUTE,
     back_dated,
     integer_pages,
     oracle_mismatches,
@@ -29,23 +31,36 @@ from tests.batch.helpers import (
     produce_table,
     queue,
     run_record,
+    served_view,
     table_history,
+    table_version,
 )
 from tests.conftest import Platform, reconfigured
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
 
 
+def _page_one(event_id: str, ts: int) -> tuple[bytes, bytes]:
+    event = {"ts": ts, "event_id": event_id, "page": "/page/1", "user_id": "u1", "latency_ms": 2.0}
+    return event_id.encode(), orjson.dumps(event)
+
+
 def test_runs_join_tables_as_of_event_time(platform: Platform, spark: Any) -> None:
     tag = platform.config["sources"][0]["topic"]
-    world = reconfigured(platform, metrics=LOOKUP_METRICS, tables=[pages_table(tag)])
+    plain = {"name": "views", "source": "pageviews", "key": ["page"], "aggregations": ["count"]}
+    metrics = [*LOOKUP_METRICS, {**plain, "windows": ["1m"], "grace": "2m"}]
+    world = reconfigured(platform, metrics=metrics, tables=[pages_table(tag)])
     settings = world.settings
     create_topics(settings)
-    now = int(time.time() * 1000) // MINUTE * MINUTE
+    now = int(time.time() * 1000) // HOUR * HOUR
     start, mid, end = now - 3 * HOUR, now - 2 * HOUR, now - HOUR
     produce_table(settings, table_history(start, mid, end))
-    produce_spec(settings, GeneratorSpec(start, end, 3000, seed=28))
+    generated = produce_spec(settings, GeneratorSpec(start, end, 3000, seed=28))
     produce_raw(settings, integer_pages(mid))
+    # Events just past the hour `end`, the newest: W ends up before `end` (grace 2m), so `end`
+    # is a boundary of every window at or after W, where the rebuild index reaches.
+    edge = [_page_one(f"edge-{i}", end + i * 5_000) for i in range(8)]
+    produce_raw(settings, edge)
     run_id = queue(settings, RunRequest("full"))
     execute_run(settings, spark, run_id)
     assert run_record(settings, run_id).status == "succeeded"
@@ -61,18 +76,33 @@ def test_runs_join_tables_as_of_event_time(platform: Platform, spark: Any) -> No
     assert ("first",) not in sections and ("later",) not in sections
     assert expected.table_malformed == {"pages": 3}
 
-    # A back-dated version arriving after the events it applies to: the next run, asked for
-    # as incremental, runs full and recomputes every cell it changes.
+    # A back-dated version arriving after the events it applies to: the next incremental run
+    # recomputes every cell from its valid-from time on.
     produce_table(settings, back_dated(start, mid))
     run_id = queue(settings, RunRequest("incremental"))
     execute_run(settings, spark, run_id)
     record = run_record(settings, run_id)
-    assert record.status == "succeeded" and record.executed_mode == "full"
+    assert record.status == "succeeded" and record.executed_mode == "incremental"
     assert oracle_mismatches(settings, world.config) == []
     records += oracle.read_topic(settings.kafka.bootstrap_servers, settings.tables[0].topic)[-2:]
     after = oracle.compute(world.config, records)
     renamed = {c[3] for c in after.cells if c[0] == "views_by_section"}
     assert ("renamed",) in renamed and ("news",) not in renamed and ("world",) not in renamed
+
+    # A version valid after W, with new events and copies of events counted before (one
+    # re-read with its copy, one before the re-read offsets): only the cells from `end` on
+    # are recomputed, every event counted once.
+    produce_table(settings, [table_version("/page/1", end + 12_000, section="edge")])
+    copy = (generated[0].key, generated[0].value)
+    produce_raw(settings, [edge[1], copy, _page_one("edge-new", end + 50_000)])
+    run_id = queue(settings, RunRequest("incremental"))
+    execute_run(settings, spark, run_id)
+    record = run_record(settings, run_id)
+    assert record.status == "succeeded" and record.executed_mode == "incremental"
+    assert oracle_mismatches(settings, world.config) == []
+    _, cells = served_view(settings)
+    edge_cells = {c: cell.count for c, cell in cells.items() if c[3] == ("edge",)}
+    assert sum(n for c, n in edge_cells.items() if c[1] == HOUR) == 6  # edge-3..7, edge-new
 
     # No table change: the next incremental run stays incremental.
     run_id = queue(settings, RunRequest("incremental"))
