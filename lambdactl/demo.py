@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httpx
 import orjson
@@ -54,13 +55,18 @@ class Child:
 class Children:
     """The demo's long-running children (batch runner, speed worker, API), each logging to a
     file of its own: `check` notices one that exited, says which with the end of its log, and
-    restarts it up to `max_restarts` times (then raises); leaving the context stops them all."""
+    restarts it up to `max_restarts` times (then raises); leaving the context stops them all.
+    Inside it, SIGTERM and SIGHUP (`kill`, a closed terminal) stop the demo as Ctrl-C does:
+    they raise KeyboardInterrupt, so the children are stopped, never left running."""
 
     console: Console
     max_restarts: int = MAX_RESTARTS
     children: list[Child] = field(default_factory=list)
+    _handlers: dict[int, Any] = field(default_factory=dict)
 
     def __enter__(self) -> Children:
+        for signum in STOP_SIGNALS:
+            self._handlers[signum] = signal.signal(signum, _interrupt)
         return self
 
     def __exit__(
@@ -69,8 +75,14 @@ class Children:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        for child in reversed(self.children):
-            _stop(child.process)
+        for signum in self._handlers:
+            signal.signal(signum, signal.SIG_IGN)  # a second signal does not cut the stopping
+        try:
+            for child in reversed(self.children):
+                _stop(child.process)
+        finally:
+            for signum, handler in self._handlers.items():
+                signal.signal(signum, handler)
 
     def start(self, name: str, command: list[str], log: Path) -> Child:
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -99,6 +111,14 @@ class Children:
             self.console.print(
                 f"restarted the {child.name} ({child.restarts} of {self.max_restarts} restarts)"
             )
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+"""The signals that stop the demo and its children, besides SIGINT."""
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
 
 
 def _spawn(command: list[str], log: Path) -> subprocess.Popen[bytes]:
