@@ -22,7 +22,7 @@ from batch_layer.defined_inputs import (
 )
 from batch_layer.errors import UnpackablePositionError
 from batch_layer.raw_reads import JoinRead
-from batch_layer.rebuild_index import RebuildIndex, next_rebuild_index
+from batch_layer.rebuild_index import HISTORY_BUCKET_MS, RebuildIndex, next_rebuild_index
 from shared.aggregations import (
     PLAIN_COLUMNS,
     SketchKind,
@@ -44,6 +44,9 @@ class SourceRead:
     it are read to find `rebuild_from`, and to recompute the cells of `recompute_from`."""
     previous_index: dict[int, list[list[int]]] | None = None
     """The served rebuild index the next one is built from (incremental runs)."""
+    previous_history: dict[int, list[list[int]]] | None = None
+    """The served history index the next one is built from (incremental runs; None there: no
+    history index is kept)."""
     recompute_from: dict[str, int] = field(default_factory=dict)
     """metric -> the start (a boundary of all its windows) from which the run recomputes the
     metric's cells from every event, counted before or not (a joined table changed there,
@@ -71,6 +74,9 @@ class SourceResult:
     """partition -> smallest offset whose event time is >= the source's smallest new W."""
     rebuild_index: RebuildIndex
     """The index the next incremental run finds its `rebuild_from` with (`next_rebuild_index`)."""
+    history_index: RebuildIndex | None
+    """The history index (`HISTORY_BUCKET_MS`) after this run; None: unknown (an incremental
+    run after a served row without one)."""
     rows_in: int
     malformed: int
     skipped: dict[str, int]
@@ -479,16 +485,29 @@ def aggregate_source(
             if row["stream_time"] is not None
         }
         threshold = rebuild_threshold(stream_times)
-        recent = is_valid if threshold is None else is_valid & (F.col("time_ms") >= threshold)
+        recent = F.lit(True) if threshold is None else F.col("time_ms") >= threshold
         found = (
-            rows.where(recent)
-            .groupBy("partition", (F.col("time_ms") - F.pmod("time_ms", F.lit(bucket_ms))))
+            rows.where(is_valid)
+            .groupBy(
+                "partition",
+                F.col("time_ms") - F.pmod("time_ms", F.lit(HISTORY_BUCKET_MS)),
+                F.when(recent, F.col("time_ms") - F.pmod("time_ms", F.lit(bucket_ms))),
+            )
             .agg(F.min("offset"))
             .collect()
         )
         rebuild_index = next_rebuild_index(
-            read.previous_index or {}, [(int(p), int(b), int(o)) for p, b, o in found], threshold
+            read.previous_index or {},
+            [(int(p), int(b), int(o)) for p, _, b, o in found if b is not None],
+            threshold,
         )
+        history_index = None
+        if read.fresh_from is None or read.previous_history is not None:
+            history_index = next_rebuild_index(
+                read.previous_history or {},
+                [(int(p), int(d), int(o)) for p, d, _, o in found],
+                None,
+            )
         rebuild_from = {p: min(o for _, o in pairs) for p, pairs in rebuild_index.items()}
         skipped = {
             m.name: total
@@ -517,6 +536,7 @@ def aggregate_source(
             ids=ids_table,
             rebuild_from=rebuild_from,
             rebuild_index=rebuild_index,
+            history_index=history_index,
             rows_in=sum(row["rows_in"] for row in summary),
             malformed=sum(row["malformed"] for row in summary),
             skipped=skipped,

@@ -148,6 +148,7 @@ def _execute(
     results: Results = []
     rebuild_from: dict[str, dict[str, int]] = {}
     rebuild_index: dict[str, dict[str, list[list[int]]]] = {}
+    history_index: dict[str, dict[str, list[list[int]]]] = {}
     with plan.publishing(conn, settings):
         for i, source in enumerate(settings.sources):
             ids_known = plan.ids_sink(source, last=i == len(settings.sources) - 1)
@@ -158,6 +159,8 @@ def _execute(
                 for p, end in ((int(k), v) for k, v in plan.snapshot[source.topic].items())
             }
             rebuild_index[source.topic] = {str(p): v for p, v in result.rebuild_index.items()}
+            if result.history_index is not None:
+                history_index[source.topic] = {str(p): v for p, v in result.history_index.items()}
         progress.floor(SPARK_SHARE)
         summary.timings["read_aggregate_s"] = (
             time.monotonic() - began - summary.timings["snapshot_s"]
@@ -169,6 +172,7 @@ def _execute(
             rebuild_from,
             versions_of(settings.plans.values()),
             rebuild_index,
+            history_index,
         )
         summary.generation, summary.rows_out = plan.publish(conn, settings, results, publication)
     summary.timings["publish_s"] = time.monotonic() - published

@@ -39,6 +39,7 @@ class Publication:
     rebuild_from: Mapping[str, Mapping[str, int]]
     versions: Mapping[str, str]
     rebuild_index: Mapping[str, Mapping[str, list[list[int]]]] = field(default_factory=dict)
+    history_index: Mapping[str, Mapping[str, list[list[int]]]] = field(default_factory=dict)
 
 
 class FullGeneration:
@@ -331,12 +332,13 @@ def _flip(conn: psycopg.Connection[Any], generation: int, publication: Publicati
     conn.execute(
         """
         INSERT INTO served_view (id, generation, snapshot, watermarks, rebuild_from, versions,
-                                 rebuild_index, published_at)
-        VALUES (1, %s, %s, %s, %s, %s, %s, now())
+                                 rebuild_index, history_index, published_at)
+        VALUES (1, %s, %s, %s, %s, %s, %s, %s, now())
         ON CONFLICT (id) DO UPDATE SET generation = excluded.generation,
             snapshot = excluded.snapshot, watermarks = excluded.watermarks,
             rebuild_from = excluded.rebuild_from, versions = excluded.versions,
-            rebuild_index = excluded.rebuild_index, published_at = excluded.published_at
+            rebuild_index = excluded.rebuild_index, history_index = excluded.history_index,
+            published_at = excluded.published_at
         """,
         [
             generation,
@@ -345,6 +347,7 @@ def _flip(conn: psycopg.Connection[Any], generation: int, publication: Publicati
             Jsonb(publication.rebuild_from),
             Jsonb(publication.versions),
             Jsonb(publication.rebuild_index),
+            Jsonb(publication.history_index),
         ],
     )
 

@@ -7,7 +7,12 @@ from collections.abc import Iterable, Mapping, Sequence
 
 RebuildIndex = dict[int, list[list[int]]]
 """partition -> `[bucket_start_ms, smallest offset]` of the source-valid events in each time
-bucket at or after the source's smallest W, in bucket order."""
+bucket at or after the source's smallest W, in bucket order. The history index has the same
+shape: buckets of `HISTORY_BUCKET_MS` over the whole history (kept with `next_rebuild_index`
+and no threshold)."""
+
+HISTORY_BUCKET_MS = 86_400_000
+"""The history index's bucket, a UTC day: ~365 entries a partition a year."""
 
 
 def next_rebuild_index(

@@ -16,7 +16,8 @@ with no served view at all) executes as `full`. When a table some metric joins h
 past the served snapshot, an incremental run also recomputes that metric's cells from the
 earliest time those versions are valid from, from every event (rule 11): it re-reads each
 partition from the first offset of an event at or after that time (the rebuild index says
-where, when it reaches back that far; else from offset 0) and replaces those cells."""
+where when it reaches back that far, else the history index from that UTC day on, else from
+offset 0) and replaces those cells."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ from batch_layer.publish import (
     publish_incremental,
     publish_range,
 )
-from batch_layer.rebuild_index import first_offsets_since
+from batch_layer.rebuild_index import HISTORY_BUCKET_MS, first_offsets_since
 from batch_layer.snapshot import Snapshot, take_snapshot
 from shared.config import RunMode, Settings, SourceConfig
 from shared.db.cells import BatchCell
@@ -160,16 +161,20 @@ class IncrementalRun(RunPlan):
                 starts = {}
             return SourceRead(starts, fresh_from, recompute_from=recompute_from)
         previous = {int(p): pairs for p, pairs in index.items()}
+        history = (served.history_index or {}).get(source.topic)
+        days = None if history is None else {int(p): pairs for p, pairs in history.items()}
         starts = dict(fresh_from)
         since = min(recompute_from.values(), default=None)
         if since is not None:
             reread = first_offsets_since(previous, since, self._index_threshold(metrics))
+            if reread is None and days is not None:
+                reread = first_offsets_since(days, window_start(since, HISTORY_BUCKET_MS), None)
             starts = (
                 {}
                 if reread is None
                 else {p: min(o, reread.get(p, o)) for p, o in fresh_from.items()}
             )
-        return SourceRead(starts, fresh_from, previous, recompute_from)
+        return SourceRead(starts, fresh_from, previous, days, recompute_from)
 
     def _index_threshold(self, metrics: Sequence[MetricPlan]) -> int | None:
         """The time from which the served rebuild index holds every event: the smallest served

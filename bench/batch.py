@@ -84,6 +84,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import shutil
 import sys
@@ -116,6 +117,7 @@ from shared.db.connect import connect
 from shared.db.migrate import upgrade
 from shared.db.runs import RunRequest, queue_run
 from shared.kafka import admin_client, create_topics
+from shared.windows import window_start
 from tests.conftest import drop_database, platform_config
 
 HOUR = 3_600_000
@@ -664,10 +666,10 @@ def correction_run(
     """`--lookups`: after the lookup world's full run, a correction back-dated into the
     history (a new version of `CORRECTED_SHARE` of the keys, the events' pages first, valid
     from `CORRECTED_SPAN` before the end), then an incremental run, which recomputes the
-    joined metric's cells from there on (rule 11); its BENCH fields: `lookup_incr_s`,
-    `lookup_incr_share` (the share of the history's events from the correction's valid-from
-    time on, which the run re-reads) and `lookup_incr_ratio` (its wall time over the lookup
-    world's full run `full`)."""
+    joined metric's cells from there on (rule 11), floored to a boundary of its windows (a
+    UTC day); its BENCH fields: `lookup_incr_s`, `lookup_incr_share` (the share of the
+    history's events from that boundary on, which the run recomputes) and `lookup_incr_ratio`
+    (its wall time over the lookup world's full run `full`)."""
     corrected = max(1, int(keys * CORRECTED_SHARE))
     since = end_ms - CORRECTED_SPAN
     records = [
@@ -684,10 +686,14 @@ def correction_run(
         traceback.print_exc()
         print(f"10x: incremental run after a correction failed: {exc!r}", flush=True)
         return "lookup_incr_s=failed"
-    share = CORRECTED_SPAN / (end_ms - start_ms)
+    metric = world.settings.plan("views_by_page")
+    assert metric is not None
+    recomputed_from = window_start(since, math.lcm(*metric.windows_ms))  # rule 11
+    share = min(1.0, (end_ms - max(start_ms, recomputed_from)) / (end_ms - start_ms))
     print(
         f"10x: correction of {corrected} keys valid from {CORRECTED_SPAN // HOUR} h before the "
-        f"end; incremental run {run.wall_s:.1f} s (the full run {full.wall_s:.1f} s), "
+        f"end, recomputed from {recomputed_from} ({share:.0%} of the history); incremental "
+        f"run {run.wall_s:.1f} s (the full run {full.wall_s:.1f} s), "
         f"{run.summary.rows_out} cells, phases {run.summary.timings}",
         flush=True,
     )

@@ -25,6 +25,10 @@ class ServedView:
     """topic -> partition (as text) -> `[bucket_start_ms, smallest offset]` of the source-valid
     events in each time bucket at or after the source's smallest W, in bucket order (empty
     when unknown: then an incremental run re-reads from `rebuild_from`)."""
+    history_index: dict[str, dict[str, list[list[int]]]] | None = None
+    """topic -> partition (as text) -> `[day_start_ms, smallest offset]` of the source-valid
+    events of each UTC day of the whole history (None, or a topic absent: unknown until a full
+    run builds it)."""
 
     def watermark(self, metric: str, version: str) -> int | None:
         """W of a metric, or None when the served cells are of another version (or none)."""
@@ -34,7 +38,8 @@ class ServedView:
 
 
 _SELECT = (
-    "SELECT generation, snapshot, watermarks, rebuild_from, versions, rebuild_index "
+    "SELECT generation, snapshot, watermarks, rebuild_from, versions, rebuild_index, "
+    "history_index "
     "FROM served_view WHERE id = 1"
 )
 

@@ -55,6 +55,9 @@ def test_runs_join_tables_as_of_event_time(platform: Platform, spark: Any) -> No
     now = int(time.time() * 1000) // HOUR * HOUR
     start, mid, end = now - 3 * HOUR, now - 2 * HOUR, now - HOUR
     produce_table(settings, table_history(start, mid, end))
+    # Events of two days before, first in every partition: a back-dated version recomputes
+    # from its own UTC day on, and the history index says where that day's events begin.
+    produce_raw(settings, [_page_one(f"old-{i}", start - 48 * HOUR + i) for i in range(12)])
     generated = produce_spec(settings, GeneratorSpec(start, end, 3000, seed=28))
     produce_raw(settings, integer_pages(mid))
     # Events just past the hour `end`, the newest: W ends up before `end` (grace 2m), so `end`
@@ -65,6 +68,14 @@ def test_runs_join_tables_as_of_event_time(platform: Platform, spark: Any) -> No
     execute_run(settings, spark, run_id)
     assert run_record(settings, run_id).status == "succeeded"
     assert oracle_mismatches(settings, world.config) == []
+    served, _ = served_view(settings)
+    assert served is not None and served.history_index is not None
+    days = {
+        day
+        for pairs in served.history_index[settings.sources[0].topic].values()
+        for day, _ in pairs
+    }
+    assert len(days) >= 2  # the old events' day and the others'
 
     records = [
         *oracle.read_topic(settings.kafka.bootstrap_servers, settings.sources[0].topic),
