@@ -177,10 +177,11 @@ class IncrementalRun(RunPlan):
         return SourceRead(starts, fresh_from, previous, days, recompute_from)
 
     def _index_threshold(self, metrics: Sequence[MetricPlan]) -> int | None:
-        """The time from which the served rebuild index holds every event: the smallest served
-        W of the source's metrics (None: all of them)."""
-        served = [self._served_watermark(m) for m in metrics]
-        return None if None in served else min(w for w in served if w is not None)
+        """The time from which the served rebuild index holds every event: the threshold the
+        run that built it used, the smallest served W of the source's metrics (None: none has
+        one, and the index holds every event)."""
+        served = (self._served_watermark(m) for m in metrics)
+        return min((w for w in served if w is not None), default=None)
 
     def seen_ids(self, settings: Settings, source: SourceConfig) -> IdLookup | None:
         return None if source.id_field is None else _id_lookup(settings.postgres.url, source.name)
