@@ -1,32 +1,91 @@
-"""The serving layer's reads of the batch view (PostgreSQL, rule 6): the served row and the
-cells of its generation in one statement, so one snapshot. A read is planned against the W last
-seen for the metric (`ServedHints`) and guarded by it: the statement returns the served row,
-and cells are only joined when the row still holds that stamp. When a run has flipped
-meanwhile, the plan is redone with the new row — one round trip in the common case, and never
-a plan from one W with cells from another."""
+"""The serving layer's reads of the batch view (PostgreSQL, rule 6 in docs/semantics.md): the
+served row and the cells of its generation in one statement, so one snapshot. A read is planned
+against the W last seen for the metric (`ServedHints`) and guarded by it: the statement returns
+the served row, and cells are only joined when the row still holds that stamp. When a run has
+flipped meanwhile, the read is planned again with the new row — one round trip in the common
+case, and never a plan from one W with cells from another. Rows come back typed (`ServedRow`,
+`StoredCell`), matched to the statement's columns by name."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
-from psycopg import sql
+from psycopg import AsyncCursor, sql
+from psycopg.rows import RowMaker
 
-from serving_layer.caches import ServedHints
-from serving_layer.errors import BatchViewUnsettled
+from serving_layer.errors import BatchViewUnsettled, TooManyCells
 from serving_layer.pools import AsyncDb
 from serving_layer.selection import Selection
+from shared.aggregations import CellState
+from shared.db.cells import state_of_columns
 from shared.metric_plan import MetricPlan
+from shared.windows import CellRef
 
 _GUARD_RETRIES = 4
 
 
-@dataclass
-class Served:
+class ServedRow(NamedTuple):
+    """The served row as one metric sees it: its `xmin` stamp (every publication rewrites the
+    row, rule 6), the generation and W (None when nothing of the metric's version is served)."""
+
+    stamp: str | None
     generation: int | None
     watermark: int | None
-    """W of the metric, None when nothing of this metric's version is served."""
+
+
+NOTHING_SERVED = ServedRow(None, None, None)
+
+
+class ServedHints:
+    """The served row last seen per metric: what the next batch read is planned with."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._hints: dict[str, ServedRow] = {}
+
+    def get(self, metric: str) -> ServedRow:
+        with self._lock:
+            return self._hints.get(metric, NOTHING_SERVED)
+
+    def set(self, metric: str, served: ServedRow) -> None:
+        with self._lock:
+            self._hints[metric] = served
+
+
+class StoredCell(NamedTuple):
+    """One row of a cell read: one batch cell and the served row it was read under, in the
+    statements' column order (psycopg makes each row one of these as it loads it: no second
+    copy of a read of 10^5 rows). A column a statement does not select is NULL: the one-key
+    read leaves out `key`; `top` selects one sketch slot, as a one-slot array; the served row
+    alone has every cell column NULL (`_typed_rows` keeps only rows holding a cell)."""
+
+    generation: int | None
+    watermark: int | None
+    version: str | None
+    window_ms: int
+    start_ms: int
+    events: int
+    """Its `count` column (a name a tuple's method holds)."""
+    sum: float
+    min: float | None
+    max: float | None
+    sketches: list[bytes] | None
+    sketch_summaries: list[float | None] | None
+    key: list[str] | None
+    stamp: str | None
+
+    @property
+    def ref(self) -> CellRef:
+        return CellRef(self.window_ms, self.start_ms)
+
+    def state(self) -> CellState:
+        return state_of_columns(
+            self.events, self.sum, self.min, self.max, self.sketches, self.sketch_summaries
+        )
 
 
 _SERVED_CTE = """
@@ -37,15 +96,23 @@ WITH s AS (
 )
 """
 
-_SERVED_SQL = _SERVED_CTE + "SELECT s.generation, s.w, s.v, NULL, s.x FROM s"
-"""The served row alone, shaped like a cell read that found nothing: when every cell a read
-needs is cached, this is the whole statement."""
+_SERVED_SQL = (
+    _SERVED_CTE
+    + """
+SELECT s.generation, s.w AS watermark, s.v AS version, NULL::bigint AS window_ms,
+       NULL::bigint AS start_ms, NULL::bigint AS events, NULL::float8 AS sum,
+       NULL::float8 AS min, NULL::float8 AS max, NULL::bytea[] AS sketches,
+       NULL::float8[] AS sketch_summaries, NULL::text[] AS key, s.x AS stamp
+FROM s"""
+)
+"""The served row alone: when every cell a read needs is cached, this is the whole statement."""
 
 SERIES_SQL = (
     _SERVED_CTE
     + """
-SELECT s.generation, s.w, s.v, c.window_ms, c.start_ms, c.count, c.sum, c.min, c.max,
-       CASE WHEN p.need THEN c.sketches END, c.sketch_summaries, s.x
+SELECT s.generation, s.w AS watermark, s.v AS version, c.window_ms, c.start_ms,
+       c.count AS events, c.sum, c.min, c.max, CASE WHEN p.need THEN c.sketches END AS sketches,
+       c.sketch_summaries, NULL::text[] AS key, s.x AS stamp
 FROM s
 LEFT JOIN unnest(%(sizes)s::bigint[], %(starts)s::bigint[], %(needs)s::boolean[])
     AS p(window_ms, start_ms, need)
@@ -81,8 +148,9 @@ LIMIT %(limit)s
 SLICE_SQL = sql.SQL(
     _SERVED_CTE
     + """
-SELECT s.generation, s.w, s.v, c.window_ms, c.start_ms, c.key, c.count, c.sum, c.min, c.max,
-       c.sketches, c.sketch_summaries, s.x"""
+SELECT s.generation, s.w AS watermark, s.v AS version, c.window_ms, c.start_ms,
+       c.count AS events, c.sum, c.min, c.max, c.sketches, c.sketch_summaries, c.key,
+       s.x AS stamp"""
     + _FILTERED_CELLS
 )
 """What a sliced series groups and merges."""
@@ -90,9 +158,13 @@ SELECT s.generation, s.w, s.v, c.window_ms, c.start_ms, c.key, c.count, c.sum, c
 TOP_SQL = sql.SQL(
     _SERVED_CTE
     + """
-SELECT s.generation, s.w, s.v, c.key, c.count, c.sum, c.min, c.max,
-       CASE WHEN %(sketch)s::int > 0 AND %(union)s THEN c.sketches[%(sketch)s] END,
-       CASE WHEN %(sketch)s::int > 0 THEN c.sketch_summaries[%(sketch)s] END, s.x"""
+SELECT s.generation, s.w AS watermark, s.v AS version, c.window_ms, c.start_ms,
+       c.count AS events, c.sum, c.min, c.max,
+       CASE WHEN %(sketch)s::int > 0 AND %(union)s THEN ARRAY[c.sketches[%(sketch)s]] END
+           AS sketches,
+       CASE WHEN %(sketch)s::int > 0 THEN ARRAY[c.sketch_summaries[%(sketch)s]] END
+           AS sketch_summaries,
+       c.key, s.x AS stamp"""
     + _FILTERED_CELLS
 )
 """What `top` ranks: each key's plain columns and the ranked aggregation's sketch slot."""
@@ -100,7 +172,7 @@ SELECT s.generation, s.w, s.v, c.key, c.count, c.sum, c.min, c.max,
 KEYS_SQL = sql.SQL(
     _SERVED_CTE
     + """
-SELECT s.generation, s.w, s.v, k.key
+SELECT s.generation, s.w AS watermark, s.v AS version, k.key, s.x AS stamp
 FROM s
 LEFT JOIN LATERAL (
     SELECT DISTINCT c.key FROM batch_cells c
@@ -114,6 +186,74 @@ LEFT JOIN LATERAL (
 )
 
 
+@dataclass(frozen=True)
+class CellQuery:
+    """A cell read: one of the statements above and its parameters besides the served row's
+    (metric, version, stamp, generation), which the guarded read adds."""
+
+    statement: str | sql.Composed
+    refs: Sequence[CellRef]
+    params: dict[str, Any]
+    max_cells: int | None = None
+    """Past this many rows the read raises TooManyCells (it fetches one more to know)."""
+
+    @classmethod
+    def one_key(cls, key: Sequence[str], needs: dict[CellRef, bool]) -> CellQuery:
+        """One key's cells, each with its sketches only where the merge `needs` them."""
+        return cls(SERIES_SQL, tuple(needs), {"key": list(key), "needs": list(needs.values())})
+
+    @classmethod
+    def sliced(cls, selection: Selection, refs: Sequence[CellRef], max_cells: int) -> CellQuery:
+        """Every key's cells passing `selection`'s filters, for a sliced series."""
+        return cls._filtered(SLICE_SQL, selection, refs, max_cells, {})
+
+    @classmethod
+    def ranked(
+        cls,
+        selection: Selection,
+        refs: Sequence[CellRef],
+        max_cells: int,
+        sketch: int,
+        union: bool,
+    ) -> CellQuery:
+        """Every key's cells passing `selection`'s filters, for `top`: the ranked
+        aggregation's sketch slot (`sketch`, 1-based; 0: none), its bytes only for a `union`."""
+        return cls._filtered(
+            TOP_SQL, selection, refs, max_cells, {"sketch": sketch, "union": union}
+        )
+
+    @classmethod
+    def _filtered(
+        cls,
+        statement: sql.SQL,
+        selection: Selection,
+        refs: Sequence[CellRef],
+        max_cells: int,
+        params: dict[str, Any],
+    ) -> CellQuery:
+        condition, filters = selection.sql_condition("c.key")
+        return cls(
+            statement.format(filters=condition),
+            refs,
+            {**filters, **params, "limit": max_cells + 1},
+            max_cells,
+        )
+
+
+class BatchPlan(Protocol):
+    """A read planned against one served row: `cell_query` is what it needs of the batch
+    view (None: the served row alone)."""
+
+    @property
+    def served(self) -> ServedRow: ...
+
+    @property
+    def cell_query(self) -> CellQuery | None: ...
+
+
+PlanT = TypeVar("PlanT", bound=BatchPlan)
+
+
 class BatchViewReader:
     """Guarded reads of the served generation, planned against the hinted served row."""
 
@@ -121,34 +261,42 @@ class BatchViewReader:
         self.hints = ServedHints()
 
     async def guarded(
-        self,
-        db: AsyncDb,
-        metric: MetricPlan,
-        query: str | sql.Composed,
-        params_for: Callable[[str | None, int | None], dict[str, Any]],
-    ) -> tuple[Served, str | None, list[tuple[Any, ...]]]:
-        """Run a cell read planned against the hinted row until the served row agrees with it.
-        `params_for(stamp, W)` plans the read; the rows are those of its last call."""
-        version = metric.version
-        stamp, generation, watermark = self.hints.get(metric.name)
+        self, db: AsyncDb, metric: MetricPlan, plan_for: Callable[[ServedRow], PlanT]
+    ) -> tuple[PlanT, list[StoredCell]]:
+        """The plan `plan_for` makes of the served row and the cells it reads, in one statement
+        while the hinted row is still served; else planned again with the row found."""
+        served = self.hints.get(metric.name)
         for _ in range(_GUARD_RETRIES):
-            params = params_for(stamp, watermark)
-            params.update(metric=metric.name, version=version, x=stamp, generation=generation)
-            statement = query if params["sizes"] else _SERVED_SQL
-            async with db.connection() as conn:
-                rows = await (await conn.execute(statement, params)).fetchall()
-            if not rows:
-                served, row_stamp = Served(None, None), None
+            plan = plan_for(served)
+            query = plan.cell_query
+            params: dict[str, Any] = {
+                "metric": metric.name,
+                "version": metric.version,
+                "x": served.stamp,
+                "generation": served.generation,
+            }
+            if query is None or not query.refs:
+                statement: str | sql.Composed = _SERVED_SQL
             else:
-                row_version = rows[0][2]
-                served = Served(rows[0][0], rows[0][1] if row_version == version else None)
-                row_stamp = rows[0][-1]
-            self.hints.set(metric.name, row_stamp, served.generation, served.watermark)
-            if served.watermark is None:
-                return served, row_stamp, []
-            if row_stamp == stamp:
-                return served, row_stamp, rows
-            stamp, generation, watermark = row_stamp, served.generation, served.watermark
+                statement = query.statement
+                params.update(
+                    query.params,
+                    sizes=[r.size_ms for r in query.refs],
+                    starts=[r.start_ms for r in query.refs],
+                )
+            async with db.connection() as conn:
+                cursor = conn.cursor(row_factory=_stored_cells)
+                await cursor.execute(statement, params)
+                rows = await cursor.fetchall()
+            if query is not None and query.max_cells is not None and len(rows) > query.max_cells:
+                raise TooManyCells(query.max_cells)
+            found, cells = _typed_rows(rows, metric.version)
+            self.hints.set(metric.name, found)
+            if found.watermark is None:
+                return plan_for(found), []
+            if found.stamp == served.stamp:
+                return plan, cells
+            served = found
         raise BatchViewUnsettled("the batch view changed during the read several times; retry")
 
     async def keys(
@@ -176,5 +324,42 @@ class BatchViewReader:
                 },
             )
             rows = await cursor.fetchall()
-        watermark = rows[0][1] if rows and rows[0][2] == metric.version else None
-        return watermark, {tuple(row[3]) for row in rows if row[3] is not None}
+        columns = [column.name for column in cursor.description or ()]
+        served = _served_of(columns, rows, metric.version)
+        key_at = columns.index("key")
+        return served.watermark, {tuple(row[key_at]) for row in rows if row[key_at] is not None}
+
+
+def _served_of(columns: list[str], rows: list[Any], version: str) -> ServedRow:
+    """The served row a statement's `rows` carry (W None unless it serves `version`)."""
+    if not rows:
+        return NOTHING_SERVED
+    first = dict(zip(columns, rows[0], strict=True))
+    watermark = first["watermark"] if first["version"] == version else None
+    return ServedRow(first["stamp"], first["generation"], watermark)
+
+
+def _stored_cells(cursor: AsyncCursor[Any]) -> RowMaker[StoredCell]:
+    """psycopg's row factory of a cell read: each row made a `StoredCell` as it is loaded, in C
+    (`tuple.__new__`), once its columns are checked to be `StoredCell`'s, by name."""
+    result = cursor.pgresult
+    columns = () if result is None else tuple(map(result.fname, range(result.nfields)))
+    if columns != _STORED_COLUMNS:
+        raise RuntimeError(f"a cell read's columns {columns} are not {_STORED_COLUMNS}")
+    return cast("RowMaker[StoredCell]", partial(tuple.__new__, StoredCell))
+
+
+_STORED_COLUMNS = tuple(name.encode() for name in StoredCell._fields)
+"""`StoredCell`'s fields as libpq names a result's columns (`cursor.description` would build
+a `Column` per column of every read)."""
+
+
+def _typed_rows(rows: list[StoredCell], version: str) -> tuple[ServedRow, list[StoredCell]]:
+    """The served row and the cells of a cell read's `rows`; a row without a cell (the LEFT
+    JOINs found none, or the statement read the served row alone) adds none."""
+    if not rows:
+        return NOTHING_SERVED, []
+    first = rows[0]
+    watermark = first.watermark if first.version == version else None
+    served = ServedRow(first.stamp, first.generation, watermark)
+    return served, [row for row in rows if row.window_ms is not None]

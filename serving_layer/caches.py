@@ -7,31 +7,8 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable
 from typing import Any
-
-import orjson
-
-
-class ServedHints:
-    """The served row's stamp (its `xmin`) and W last seen per metric: what the next batch
-    read is planned with. Every publication rewrites the row (rule 6), so a new stamp means
-    the served cells may have changed."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._hints: dict[str, tuple[str | None, int | None, int | None]] = {}
-
-    def get(self, metric: str) -> tuple[str | None, int | None, int | None]:
-        """(stamp, generation, W)."""
-        with self._lock:
-            return self._hints.get(metric, (None, None, None))
-
-    def set(
-        self, metric: str, stamp: str | None, generation: int | None, watermark: int | None
-    ) -> None:
-        with self._lock:
-            self._hints[metric] = (stamp, generation, watermark)
 
 
 class StampedCache:
@@ -71,38 +48,36 @@ class StampedCache:
 
 
 class SpeedPointCache:
-    """Rendered speed-side points by content: an entry's key holds the metric, the window, the
-    rendering options and the exact state bytes of every sub-cell read for it in this
-    request, so a changed sub-cell is a different key and an entry can never be stale.
-    Between two polls of a live series only the windows that received events miss. Least
-    recently used entries go first once the keys and points held exceed `max_bytes`."""
+    """Rendered points of windows reaching past W, by content: an entry's key holds what
+    names the answer and the window, the served stamp when the window also has batch cells,
+    and the exact state bytes of every speed sub-cell read for it in this request (with the
+    keys they belong to), so a changed sub-cell is a different key and an entry can never be
+    stale. Between two polls of a live series only the windows that received events miss.
+    Least recently used entries go first once the keys and points held exceed `max_bytes`."""
 
     def __init__(self, max_bytes: int) -> None:
-        self._entries: OrderedDict[tuple[Any, ...], tuple[orjson.Fragment | None, int]] = (
-            OrderedDict()
-        )
+        self._entries: OrderedDict[tuple[Any, ...], tuple[Any, int]] = OrderedDict()
         self._bytes = 0
         self._max = max_bytes
 
-    def point(
-        self, content: tuple[Any, ...], states: Sequence[bytes], render: Callable[[], bytes]
-    ) -> orjson.Fragment | None:
-        """The point stored for `content` and `states`; on a miss `render()` makes its JSON
-        (empty: no point)."""
-        key = (*content, *states)
-        entry = self._entries.get(key)
-        if entry is not None:
-            self._entries.move_to_end(key)
-            return entry[0]
-        data = render()
-        point = orjson.Fragment(data) if data else None
-        size = sum(map(len, states)) + len(data)
-        self._entries[key] = (point, size)
+    def get(self, content: tuple[Any, ...]) -> Any:
+        """The value stored for `content`, or None."""
+        entry = self._entries.get(content)
+        if entry is None:
+            return None
+        self._entries.move_to_end(content)
+        return entry[0]
+
+    def put(self, content: tuple[Any, ...], value: Any, size: int) -> None:
+        """Keep `value` for `content`; `size`: the bytes its states and points hold."""
+        old = self._entries.pop(content, None)
+        if old is not None:
+            self._bytes -= old[1]
+        self._entries[content] = (value, size)
         self._bytes += size
         while self._bytes > self._max:
             _, (_, evicted) = self._entries.popitem(last=False)
             self._bytes -= evicted
-        return point
 
 
 class ReadsInFlight:

@@ -1,38 +1,56 @@
-"""Rule 8 at query time: W and the batch cells from PostgreSQL in one statement
-(`batch_view`), the speed sub-cells after W from Redis in one round trip (`shared.speed_view`),
-each window composed from them and rendered by the aggregation registry, with the caches of
-`caches` in front."""
+"""Rule 8 in docs/semantics.md at query time: one pipeline for every shape of answer.
+
+1. plan (`read_plan`): the request against the served row last seen, reusing the batch-only
+   points cached for its stamp;
+2. read the batch view (`BatchViewReader.guarded`): W and the plan's cells in one PostgreSQL
+   statement, the request planned again if a run published meanwhile;
+3. read the speed view (`_read_speed`): the plan's base cells after W in one Redis round trip;
+4. merge and render (`_merge_windows`): each window composed from both (`compose`), rendered by
+   the aggregation registry (`render_window`), then the answer assembled by its shape.
+
+The caches wrap these steps, never live inside them: batch-only points are looked up when
+planning and kept after merging (`points`, `tops`), windows past W are kept by content
+(`speed_points`), and identical cold sliced reads are coalesced (`reads`)."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from itertools import chain, groupby
+from operator import add, attrgetter
+from typing import Any, NamedTuple, TypeVar
 
 import orjson
 
-from serving_layer.batch_view import SERIES_SQL, SLICE_SQL, TOP_SQL, BatchViewReader
+from serving_layer.batch_view import BatchViewReader, ServedRow, StoredCell
 from serving_layer.caches import ReadsInFlight, SpeedPointCache, StampedCache
 from serving_layer.errors import TooManyCells
 from serving_layer.pools import AsyncDb
+from serving_layer.read_plan import (
+    Group,
+    KeySeriesPlan,
+    RankedGroups,
+    SlicedPlan,
+    SpeedRead,
+    TopPlan,
+    Window,
+    WindowPoints,
+    keys_speed_starts,
+)
+from serving_layer.read_plan import split_starts as split_starts
 from serving_layer.selection import Selection
 from serving_layer.timefmt import format_time
-from shared.aggregations import (
-    CellState,
-    Ranking,
-    RenderOptions,
-    decode_state,
-    merge_states,
-)
+from shared.aggregations import CellState, Ranking, RenderOptions, decode_state, merge_states
 from shared.config import Settings
-from shared.db.cells import state_of_columns
 from shared.metric_plan import MetricPlan
 from shared.speed_view import AsyncRedis, SpeedViewReader, decode_key, encode_key
-from shared.windows import CellRef, WindowPlan, plan_window, point_source
+from shared.windows import CellRef, WindowPlan, point_source
+
+WindowKey = TypeVar("WindowKey", int, Window)
+"""How a shape names its windows in its caches: by start (one size), or `[start, end)`."""
 
 
 def render_merge(
@@ -43,17 +61,13 @@ def render_merge(
     return metric.aggregations.render(merge_states(metric.kinds, parts), options)
 
 
-SlicedPoints = dict[tuple[int, int], dict[tuple[str, ...], orjson.Fragment]]
-"""Each window's (`[start, end)`) rendered point per group."""
-
-
 @dataclass
 class SlicedResult:
     watermark: int | None
     speed_status: str
     batch_cells: int
     speed_states: int
-    groups: dict[tuple[str, ...], list[RenderedPoint]] = field(default_factory=dict)
+    groups: dict[Group, list[orjson.Fragment]] = field(default_factory=dict)
     """Each group's points, ascending by start."""
 
 
@@ -61,16 +75,36 @@ class SlicedResult:
 class ReadResult:
     watermark: int | None
     speed_status: str
-    points: list[RenderedPoint] = field(default_factory=list)
+    points: list[orjson.Fragment] = field(default_factory=list)
     batch_cells: int = 0
     speed_states: int = 0
 
 
-Point = dict[str, Any]
-"""One answer point as the API renders it: start, end, source and the aggregations."""
+class SpeedCells(NamedTuple):
+    """What a plan's speed read found: the status, and per base cell start each key's
+    (encoded) sub-cell states."""
 
-RenderedPoint = Point | orjson.Fragment
-"""A point, or one already serialized (cached batch points: orjson copies their bytes)."""
+    status: str
+    by_start: Mapping[int, Mapping[bytes, list[bytes]]]
+
+    @property
+    def states(self) -> int:
+        return sum([len(states) for cell in self.by_start.values() for states in cell.values()])
+
+    def chunks(self, starts: Iterable[int]) -> list[bytes]:
+        """The given base cells' content as one sequence of chunks: per key, the key, its
+        number of states, then the states (so which key holds what is part of the content);
+        empty when they hold no state."""
+        content: list[bytes] = []
+        by_start = self.by_start
+        for start in starts:
+            cell = by_start.get(start)
+            if cell:
+                for encoded, states in cell.items():
+                    content.append(encoded)
+                    content.append(len(states).to_bytes(4, "little"))
+                    content.extend(states)
+        return content
 
 
 class MergedView:
@@ -81,12 +115,12 @@ class MergedView:
         self.speed = SpeedViewReader(client)
         self.batch = BatchViewReader()
         self.points = StampedCache(settings.serving.cache_points)
-        """Rendered points: of batch-only windows, valid for one served stamp (per series:
-        start -> fragment or None); of a window reaching past W, valid for one stamp and the
-        digest of the speed states it merges (`_content_stamp`)."""
+        """Rendered points of batch-only windows per answer, valid for one served stamp:
+        window -> its point per group."""
         self.tops = StampedCache(settings.serving.cache_points)
-        """Ranked keys of batch-only `top` windows per (metric, window, start, by)."""
+        """Rankings of batch-only `top` windows per (metric, window, start, by, selection)."""
         self.speed_points = SpeedPointCache(settings.serving.speed_cache_bytes)
+        """Rendered points of windows reaching past W, by content."""
         self.reads = ReadsInFlight()
         """Sliced reads of batch-only windows in progress, so identical cold requests wait."""
 
@@ -96,236 +130,96 @@ class MergedView:
         metric: MetricPlan,
         window_ms: int,
         starts: range,
-        key: tuple[str, ...],
+        key: Group,
         options: RenderOptions,
     ) -> ReadResult:
-        """The rendered points of the windows starting at `starts` (a range stepping by
-        `window_ms`): batch-only windows from the point cache or PostgreSQL, the window
-        straddling W (if any) and the speed windows merged from both stores."""
-        base = metric.base_window_ms
-        sketched = bool(metric.kinds)
-        needs_sketches = metric.aggregations.needs_sketches
-        cache_name = (metric.name, window_ms, key, options)
-        split = [split_starts(starts, window_ms, None)]
-        cached: list[dict[int, orjson.Fragment | None]] = [{}]
-        missing: list[int] = []
-        plans: dict[int, WindowPlan] = {}
-
-        def params_for(stamp: str | None, watermark: int | None) -> dict[str, Any]:
-            split[0] = split_starts(starts, window_ms, watermark)
-            batch, mixed, _ = split[0]
-            cached[0] = self.points.get(cache_name, stamp) or {}
-            missing[:] = [s for s in batch if s not in cached[0]]
-            plans.clear()
-            refs: dict[CellRef, bool] = {}
-            for start in [*missing, *mixed]:
-                if window_ms == base and start in batch:
-                    refs[CellRef(base, start)] = needs_sketches(1)
-                    continue
-                plan = plans[start] = plan_window(
-                    start, window_ms, base, watermark, metric.windows_ms
-                )
-                need = needs_sketches(len(plan.batch_cells) + len(plan.speed_cells))
-                for ref in plan.batch_cells:
-                    refs[ref] = refs.get(ref, False) or need
-            return {
-                "sizes": [r.size_ms for r in refs],
-                "starts": [r.start_ms for r in refs],
-                "needs": list(refs.values()),
-                "key": list(key),
-            }
-
-        served, stamp, rows = await self.batch.guarded(db, metric, SERIES_SQL, params_for)
-        watermark = served.watermark
-        if watermark is None:  # nothing served: every window comes from the speed view
-            split[0] = split_starts(starts, window_ms, None)
-            cached[0], missing[:] = {}, []
-        batch, mixed, speed_windows = split[0]
-        cells = {CellRef(row[3], row[4]): state_of_columns(*row[5:11]) for row in rows if row[3]}
-        fresh: dict[int, orjson.Fragment | None] = {}
-        for start in missing:
-            plan = plans.get(start)
-            refs = plan.batch_cells if plan is not None else (CellRef(base, start),)
-            parts = [c for c in map(cells.get, refs) if c is not None]
-            rendered = _render(render_merge(metric, parts, options), start, window_ms, "batch")
-            fresh[start] = None if rendered is None else orjson.Fragment(orjson.dumps(rendered))
-        if fresh and stamp is not None:
-            entry = {**cached[0], **fresh}
-            self.points.put(cache_name, stamp, entry, len(entry))
-
-        speed_bases: list[int] = [s for start in mixed for s in plans[start].speed_cells]
-        if speed_windows:
-            speed_bases.extend(range(speed_windows[0], speed_windows[-1] + window_ms, base))
-        if speed_bases:
-            status, speed_raw = await self.speed.read_key(metric, speed_bases, encode_key(key))
+        """One key's rendered points of the windows starting at `starts` (a range stepping by
+        `window_ms`, a configured window)."""
+        name = ("series", metric.name, window_ms, key, options)
+        plan, stored = await self.batch.guarded(
+            db,
+            metric,
+            lambda served: KeySeriesPlan.of(
+                metric, key, window_ms, starts, served, self._known(name, served)
+            ),
+        )
+        read = plan.speed_read
+        encoded = encode_key(key)
+        if read.starts:
+            status, by_start = await self.speed.read_key(metric, read.starts, encoded)
         else:
-            status, speed_raw = await self.speed.status(), {}
-        result = ReadResult(watermark, status)
-        result.batch_cells = len(batch) - len(missing) + len(cells)
-        result.speed_states = sum(map(len, speed_raw.values()))
-        points = result.points
-        known = cached[0]
-        for start in batch:
-            stored = fresh[start] if start in fresh else known[start]
-            if stored is not None:
-                points.append(stored)
-        for start in mixed:
-            plan = plans[start]
-            states = [s for c in plan.speed_cells for s in speed_raw.get(c, ())]
-            content = _content_stamp(stamp, states)
-            window_name = (*cache_name, start)
-            made: list[orjson.Fragment] | None = None
-            if content is not None:
-                made = self.points.get(window_name, content)
-            if made is None:
-                parts = [c for c in map(cells.get, plan.batch_cells) if c is not None]
-                parts.extend(decode_state(s, sketched) for s in states)
-                data = _window_json(metric, start, window_ms, "mixed", parts, options)
-                made = [orjson.Fragment(data)] if data else []
-                if content is not None:
-                    self.points.put(window_name, content, made, 1)
-            points.extend(made)
-        for start in speed_windows:
-            states = [
-                state
-                for cell_start in range(start, start + window_ms, base)
-                for state in speed_raw.get(cell_start, ())
-            ]
-            if states:
-                merged = self.speed_points.point(
-                    (metric.name, start, window_ms, options),
-                    states,
-                    partial(_speed_point, metric, start, window_ms, states, options),
-                )
-                if merged is not None:
-                    points.append(merged)
+            status, by_start = await self.speed.status(), {}
+        mixed_cells = {s: {encoded: by_start[s]} for s in plan.mixed_speed_cells if s in by_start}
+        cells = GroupedCells(
+            stored, SpeedCells(status, mixed_cells), Selection(metric.key), bool(metric.kinds)
+        )
+        merging = list(plan.composed)
+        ends = map(partial(add, window_ms), merging)
+        merged = await self._merge_windows(
+            name,
+            metric,
+            plan.served,
+            plan.known,
+            zip(merging, zip(merging, ends, strict=True), plan.composed.values(), strict=True),
+            cells,
+            options,
+        )
+        points = {**plan.known, **merged}
+        from_batch = map(points.__getitem__, chain(plan.batch, plan.mixed))
+        result = ReadResult(
+            plan.served.watermark,
+            status,
+            list(chain.from_iterable(map(dict.values, from_batch))),
+            batch_cells=len(plan.batch) - len(plan.composed) + len(plan.mixed) + len(stored),
+            speed_states=sum(map(len, by_start.values())),
+        )
+        result.points.extend(self._key_speed_points(name, plan, by_start, options))
         return result
 
     async def sliced_series(
         self,
         db: AsyncDb,
         metric: MetricPlan,
-        windows: Sequence[tuple[int, int]],
+        windows: Sequence[Window],
         selection: Selection,
         options: RenderOptions,
     ) -> SlicedResult:
         """The points of each group of `selection` (one group, `()`, without `group_by`) over
         the given windows (`[start, end)`, any multiple of the base cell, overlapping when
         hopping): every key passing the filters is read and merged into its group, window by
-        window, by rule 8's split at W. Raises TooManyCells past `serving.max_cells` cells."""
-        base = metric.base_window_ms
-        limit = self.settings.serving.max_cells
-        condition, filters = selection.sql_condition("c.key")
-        cache_name = _sliced_cache_name(metric, selection, options)
-        plans: dict[tuple[int, int], WindowPlan] = {}
-        cached: list[SlicedPoints] = [{}]
+        window, by rule 8's split at W. Raises TooManyCells past `serving.max_cells` cells.
+        After a publication, identical requests wait for the first to read the batch-only
+        windows (`ReadsInFlight`), then plan again and find them cached."""
+        name = ("sliced", metric.name, selection, options)
+        max_cells = self.settings.serving.max_cells
+        reading = ReadClaim(self.reads, name)
 
-        def plan_all(watermark: int | None) -> None:
-            plans.clear()
-            for start, end in windows:
-                plans[(start, end)] = plan_window(
-                    start, end - start, base, watermark, metric.windows_ms
-                )
-
-        leading = deferred = False
-
-        def params_for(stamp: str | None, watermark: int | None) -> dict[str, Any]:
-            nonlocal leading, deferred
-            plan_all(watermark)
-            cached[0] = self.points.get(cache_name, stamp) or {}
-            if not leading and any(
-                watermark is not None and end <= watermark and (start, end) not in cached[0]
-                for start, end in windows
-            ):
-                leading = self.reads.lead(cache_name)
-                deferred = not leading  # another request reads them: only the served row
-            refs = (
-                ()
-                if deferred
-                else sorted(
-                    {
-                        r
-                        for window, plan in plans.items()
-                        if window not in cached[0]
-                        for r in plan.batch_cells
-                    }
-                )
+        def plan_for(served: ServedRow) -> SlicedPlan:
+            plan = SlicedPlan.of(
+                metric, windows, selection, served, self._known(name, served), max_cells
             )
-            return {
-                **filters,
-                "sizes": [r.size_ms for r in refs],
-                "starts": [r.start_ms for r in refs],
-                "limit": limit + 1,
-            }
+            return plan if not plan.misses_batch_points or reading.claim() else plan.deferring()
 
-        query = SLICE_SQL.format(filters=condition)
         try:
             while True:
-                await self.reads.wait(cache_name)
-                deferred = False
-                served, stamp, rows = await self.batch.guarded(db, metric, query, params_for)
-                if not deferred:
+                await self.reads.wait(name)
+                plan, stored = await self.batch.guarded(db, metric, plan_for)
+                if not plan.deferred:
                     break
-            _check_cells(len(rows), limit)
-            watermark = served.watermark
-            if watermark is None:
-                plan_all(None)
-                cached[0] = {}
-            return await self._merge_sliced(
-                metric, selection, options, plans, cached[0], stamp, watermark, rows
+            speed = await self._read_speed(metric, plan.speed_read)
+            _check_cells(len(stored) + speed.states, max_cells)
+            cells = GroupedCells(stored, speed, selection, bool(metric.kinds))
+            uncached = ((w, w, how) for w, how in plan.windows.items() if w not in plan.known)
+            merged = await self._merge_windows(
+                name, metric, plan.served, plan.known, uncached, cells, options
             )
         finally:
-            if leading:
-                self.reads.done(cache_name)
-
-    async def _merge_sliced(
-        self,
-        metric: MetricPlan,
-        selection: Selection,
-        options: RenderOptions,
-        plans: dict[tuple[int, int], WindowPlan],
-        known: SlicedPoints,
-        stamp: str | None,
-        watermark: int | None,
-        rows: list[tuple[Any, ...]],
-    ) -> SlicedResult:
-        """`sliced_series`'s points from the batch `rows` it read, the speed cells after W and
-        the windows already `known` (cached under `stamp`); caches the windows it merged."""
-        limit = self.settings.serving.max_cells
-        cache_name = _sliced_cache_name(metric, selection, options)
-        rows_at: dict[CellRef, list[tuple[Any, ...]]] = {}
-        for row in rows:
-            if row[3] is not None:
-                rows_at.setdefault(CellRef(row[3], row[4]), []).append(row)
-        speed_starts = sorted({s for plan in plans.values() for s in plan.speed_cells})
-        status, raw = await self.speed.read_all_by_start(metric, speed_starts)
-        speed_states = sum(len(blobs) for cell in raw.values() for blobs in cell.values())
-        _check_cells(len(rows) + speed_states, limit)
-        cells = _SlicedCells(rows_at, raw, selection, bool(metric.kinds))
-        result = SlicedResult(watermark, status, len(rows), speed_states)
-        fresh: SlicedPoints = {}
-        turns = LoopTurns()
-        for window, plan in plans.items():
-            await turns.turn()
-            batch_only = watermark is not None and window[1] <= watermark
-            points = known.get(window)
-            content = None
-            if points is None and not batch_only:
-                speed_cells = [raw.get(c, {}) for c in plan.speed_cells]
-                content = _content_stamp(stamp, _keyed_states(speed_cells))
-                if content is not None:
-                    points = self.points.get((*cache_name, window), content)
-            if points is None:
-                points = _sliced_window(metric, window, plan, cells, watermark, options)
-                if batch_only:
-                    fresh[window] = points
-                elif content is not None:
-                    self.points.put((*cache_name, window), content, points, len(points) + 1)
+            reading.release()
+        result = SlicedResult(plan.served.watermark, speed.status, len(stored), speed.states)
+        for window in plan.windows:
+            points = plan.known[window] if window in plan.known else merged[window]
             for group, point in points.items():
                 result.groups.setdefault(group, []).append(point)
-        if fresh and stamp is not None:
-            entry = {**known, **fresh}
-            self.points.put(cache_name, stamp, entry, sum(map(len, entry.values())) + len(entry))
         return result
 
     async def top(
@@ -336,90 +230,48 @@ class MergedView:
         start: int,
         ranking: Ranking,
         selection: Selection,
-    ) -> tuple[ReadResult, list[tuple[tuple[str, ...], Any]]]:
+    ) -> tuple[ReadResult, RankedGroups]:
         """Every group's ranked value over one window (the groups of `selection.group_by`,
         after its filters), best first, ties by group ascending. Raises TooManyCells past
         `serving.max_cells` cells."""
-        base = metric.base_window_ms
-        sketch_index = ranking.slot + 1
-        merges_keys = selection.group_by != metric.key
-        limit = self.settings.serving.max_cells
-        condition, filters = selection.sql_condition("c.key")
-        plan_box: list[WindowPlan] = []
         name = (metric.name, window_ms, start, ranking.by, selection)
-        cached: list[Any] = [None]
-
-        def params_for(stamp: str | None, watermark: int | None) -> dict[str, Any]:
-            plan_box[:] = [plan_window(start, window_ms, base, watermark, metric.windows_ms)]
-            plan = plan_box[0]
-            cached[0] = None if plan.speed_cells else self.tops.get(name, stamp)
-            refs = () if cached[0] is not None else plan.batch_cells
-            parts = len(refs) + len(plan.speed_cells)
-            return {
-                **filters,
-                "sizes": [r.size_ms for r in refs],
-                "starts": [r.start_ms for r in refs],
-                "sketch": sketch_index,
-                # one stored cell per group and no speed cells: its summary may be the answer
-                "union": ranking.needs_sketch(parts) or (merges_keys and sketch_index > 0),
-                "limit": limit + 1,
-            }
-
-        query = TOP_SQL.format(filters=condition)
-        served, stamp, rows = await self.batch.guarded(db, metric, query, params_for)
-        _check_cells(len(rows), limit)
-        watermark = served.watermark
-        if watermark is not None and cached[0] is not None:
-            ranked, batch_cells = cached[0]
-            return ReadResult(watermark, await self.speed.status(), batch_cells=batch_cells), ranked
-        plan = (
-            plan_window(start, window_ms, base, None, metric.windows_ms)
-            if watermark is None
-            else plan_box[0]
+        max_cells = self.settings.serving.max_cells
+        plan, stored = await self.batch.guarded(
+            db,
+            metric,
+            lambda served: TopPlan.of(
+                metric,
+                ranking,
+                selection,
+                start,
+                window_ms,
+                served,
+                self.tops.get(name, served.stamp),
+                max_cells,
+            ),
         )
-        parts: dict[tuple[str, ...], list[CellState]] = {}
-        batch_cells = 0
-        turns = LoopTurns()
-        for row in rows:
-            if row[3] is None:
-                continue
-            if not batch_cells % 1024:
-                await turns.turn()
-            batch_cells += 1
-            sketch, summary = row[8], row[9]
-            parts.setdefault(selection.group_of(row[3]), []).append(
-                state_of_columns(
-                    row[4],
-                    row[5],
-                    row[6],
-                    row[7],
-                    None if sketch is None else [sketch],
-                    None if summary is None else [summary],
-                )
-            )
-        status, speed_raw = await self.speed.read_all(metric, list(plan.speed_cells))
-        speed_states = 0
-        _check_cells(batch_cells + sum(map(len, speed_raw.values())), limit)
-        for encoded, states in speed_raw.items():
-            key = decode_key(encoded)
-            if not selection.matches(key):
-                continue
-            cells = parts.setdefault(selection.group_of(key), [])
-            for state in states:
-                cell = decode_state(state, sketch_index > 0)
-                if cell.sketches is not None:
-                    cell.sketches = [cell.sketches[sketch_index - 1]]
-                cells.append(cell)
-                speed_states += 1
+        speed = await self._read_speed(metric, plan.speed_read)
+        watermark = plan.served.watermark
+        if plan.known is not None:
+            ranked, batch_cells = plan.known
+            return ReadResult(watermark, speed.status, batch_cells=batch_cells), ranked
+        _check_cells(len(stored) + speed.states, max_cells)
+        cells = GroupedCells(stored, speed, selection, ranking.slot >= 0)
+        parts = await compose(WindowPlan(plan.window.batch_cells, ()), cells)
+        speed_states = _ranked_speed_states(
+            speed, plan.window.speed_cells, selection, ranking, parts
+        )
         ranked = []
-        for key, cells in parts.items():
-            value = ranking.value(cells)
+        for group, states in parts.items():
+            value = ranking.value(states)
             if value is not None:
-                ranked.append((key, value))
+                ranked.append((group, value))
         ranked.sort(key=lambda item: (-item[1], item[0]))
-        if not plan.speed_cells and stamp is not None and watermark is not None:
-            self.tops.put(name, stamp, (ranked, batch_cells), len(ranked) + 1)
-        result = ReadResult(watermark, status, batch_cells=batch_cells, speed_states=speed_states)
+        if not plan.window.speed_cells and plan.served.stamp is not None and watermark is not None:
+            self.tops.put(name, plan.served.stamp, (ranked, len(stored)), len(ranked) + 1)
+        result = ReadResult(
+            watermark, speed.status, batch_cells=len(stored), speed_states=speed_states
+        )
         return result, ranked
 
     async def keys(
@@ -430,19 +282,132 @@ class MergedView:
         end: int,
         prefix: str | None,
         selection: Selection,
-    ) -> tuple[ReadResult, list[tuple[str, ...]]]:
+    ) -> tuple[ReadResult, list[Group]]:
         """Keys passing the filters with a cell in `[start, end)`: batch cells before W, speed
-        sub-cells after."""
-        base = metric.base_window_ms
+        sub-cells after. One statement reads W and the keys together, so nothing is planned
+        against a hinted W."""
         watermark, found = await self.batch.keys(db, metric, start, end, prefix, selection)
-        first_speed = start if watermark is None else max(start, watermark)
-        speed_starts = [s for s in range(_ceil(first_speed, base), end, base)]
+        speed_starts = keys_speed_starts(metric, start, end, watermark)
         status, fields = await self.speed.read_fields(metric, speed_starts)
         for encoded in fields:
             key = decode_key(encoded)
             if (prefix is None or not key or key[0].startswith(prefix)) and selection.matches(key):
                 found.add(key)
         return ReadResult(watermark, status), sorted(found)
+
+    def _key_speed_points(
+        self,
+        name: Hashable,
+        plan: KeySeriesPlan,
+        by_start: Mapping[int, list[bytes]],
+        options: RenderOptions,
+    ) -> Iterator[orjson.Fragment]:
+        """One key's speed-only windows (`plan.speed`, every cell after W), each found by its
+        states (the answer's `name` holds the key) or merged and kept by them. The hottest
+        loop of the serving layer (a dashboard's last hour): no per-window plan or grouping."""
+        metric = plan.metric
+        base = metric.base_window_ms
+        window_ms = plan.window_ms
+        sketched = bool(metric.kinds)
+        cache = self.speed_points
+        for start in plan.speed:
+            if window_ms == base:
+                states = by_start.get(start, ())
+            else:
+                cells = range(start, start + window_ms, base)
+                states = [state for cell in cells for state in by_start.get(cell, ())]
+            if not states:
+                continue
+            content = (name, start, *states)
+            point: orjson.Fragment | bool | None = cache.get(content)
+            if point is None:
+                parts = [decode_state(state, sketched) for state in states]
+                values = render_merge(metric, parts, options)
+                window = (start, start + window_ms)
+                data = b"" if values is None else point_json(window, "speed", values)
+                point = orjson.Fragment(data) if data else False  # False: merged, no point
+                cache.put(content, point, len(data) + sum(map(len, states)))
+            if isinstance(point, orjson.Fragment):
+                yield point
+
+    def _known(self, name: Hashable, served: ServedRow) -> Mapping[Any, WindowPoints]:
+        """The batch-only points cached for answer `name` under the served row's stamp, by
+        the shape's window key."""
+        known: Mapping[Any, WindowPoints] | None = self.points.get(name, served.stamp)
+        return known or {}
+
+    async def _read_speed(self, metric: MetricPlan, read: SpeedRead) -> SpeedCells:
+        """The plan's speed read in one round trip (the status alone when it reads no cell)."""
+        if not read.starts:
+            return SpeedCells(await self.speed.status(), {})
+        if read.key is None:
+            return SpeedCells(*await self.speed.read_all_by_start(metric, read.starts))
+        encoded = encode_key(read.key)
+        status, states = await self.speed.read_key(metric, read.starts, encoded)
+        return SpeedCells(status, {start: {encoded: found} for start, found in states.items()})
+
+    async def _merge_windows(
+        self,
+        name: Hashable,
+        metric: MetricPlan,
+        served: ServedRow,
+        known: Mapping[WindowKey, WindowPoints],
+        windows: Iterable[tuple[WindowKey, Window, WindowPlan]],
+        cells: GroupedCells,
+        options: RenderOptions,
+    ) -> dict[WindowKey, WindowPoints]:
+        """Each given window's points (by the shape's key of the window), merged from `cells`
+        by its plan: a batch-only one rendered and kept with the `known` ones for the served
+        stamp, one reaching past W found by its content or rendered and kept by it."""
+        merged: dict[WindowKey, WindowPoints] = {}
+        fresh: dict[WindowKey, WindowPoints] = {}
+        watermark = served.watermark
+        turns = cells.turns
+        speed: SpeedCells = cells.speed_cells
+        edge = -1 if watermark is None else watermark  # batch-only: ending at or before W
+        for window_key, window, plan in windows:
+            if window[1] <= edge:
+                await turns.turn()
+                points, _ = await render_window(metric, window, plan, cells, watermark, options)
+                merged[window_key] = fresh[window_key] = points
+                continue
+            chunks: list[bytes] = speed.chunks(plan.speed_cells)
+            if not chunks and not plan.batch_cells:  # nothing in it: no point
+                merged[window_key] = {}
+                continue
+            stamp = served.stamp if plan.batch_cells else None
+            content = (name, window, stamp, *chunks)
+            found: WindowPoints | None = self.speed_points.get(content)
+            if found is None:
+                await turns.turn()
+                found, size = await render_window(metric, window, plan, cells, watermark, options)
+                self.speed_points.put(content, found, size + sum(map(len, chunks)))
+            merged[window_key] = found
+        if fresh and served.stamp is not None:
+            entry = {**known, **fresh}
+            weight = sum(max(1, len(points)) for points in entry.values())
+            self.points.put(name, served.stamp, entry, weight)
+        return merged
+
+
+class ReadClaim:
+    """One request's claim to lead the read of answer `name`'s batch-only windows
+    (`ReadsInFlight`): claimed at most once, released when the request ends."""
+
+    def __init__(self, reads: ReadsInFlight, name: Hashable) -> None:
+        self._reads = reads
+        self._name = name
+        self._leading = False
+
+    def claim(self) -> bool:
+        """True when this request reads (it leads); False when another one does."""
+        self._leading = self._leading or self._reads.lead(self._name)
+        return self._leading
+
+    def release(self) -> None:
+        if self._leading:
+            self._reads.done(self._name)
+            self._leading = False
 
 
 class LoopTurns:
@@ -461,129 +426,56 @@ class LoopTurns:
             self.due = time.perf_counter() + self.slice_s
 
 
-def _check_cells(cells: int, limit: int) -> None:
-    if cells > limit:
-        raise TooManyCells(limit)
+_CELL_REF = attrgetter("window_ms", "start_ms")
+"""A stored cell's (window, start), as a plain tuple (equal to its `CellRef`)."""
 
 
-def _ceil(value: int, size: int) -> int:
-    return -(-value // size) * size
-
-
-def split_starts(
-    starts: range, window_ms: int, watermark: int | None
-) -> tuple[range, range, range]:
-    """`starts` (stepping by `window_ms`) cut by position against W (rule 8): windows ending
-    at or before W (batch), the one straddling W (mixed; empty when W is on a boundary) and
-    windows starting at or after W (speed)."""
-    if watermark is None:
-        return starts[:0], starts[:0], starts
-    if not starts:
-        return starts, starts, starts
-    first = starts[0]
-    batch = min(len(starts), max(0, (watermark - first) // window_ms))
-    speed = min(len(starts), max(0, -(-(watermark - first) // window_ms)))
-    return starts[:batch], starts[batch:speed], starts[speed:]
-
-
-def _speed_point(
-    metric: MetricPlan, start: int, window_ms: int, states: list[bytes], options: RenderOptions
-) -> bytes:
-    """The JSON of a speed-only window merged from its sub-cell states (empty: no events)."""
-    parts = [decode_state(state, bool(metric.kinds)) for state in states]
-    return _window_json(metric, start, window_ms, "speed", parts, options)
-
-
-def _window_json(
-    metric: MetricPlan,
-    start: int,
-    window_ms: int,
-    source: str,
-    parts: Sequence[CellState],
-    options: RenderOptions,
-) -> bytes:
-    """The JSON of one window merged from `parts` (empty: no events)."""
-    rendered = _render(render_merge(metric, parts, options), start, window_ms, source)
-    return b"" if rendered is None else orjson.dumps(rendered)
-
-
-def _sliced_cache_name(
-    metric: MetricPlan, selection: Selection, options: RenderOptions
-) -> tuple[Hashable, ...]:
-    """Under which name a sliced answer's windows are cached."""
-    return ("sliced", metric.name, selection, options)
-
-
-def _content_stamp(stamp: str | None, chunks: Iterable[bytes]) -> str | None:
-    """What a window reaching past W was merged from: the served row's stamp (its batch
-    cells) and a digest of the speed-side bytes, each length-prefixed so that no two
-    different sequences feed the same bytes. None when nothing is served (no stamp)."""
-    if stamp is None:
-        return None
-    digest = hashlib.blake2b(digest_size=16)
-    for chunk in chunks:
-        digest.update(len(chunk).to_bytes(4, "little"))
-        digest.update(chunk)
-    return f"{stamp}:{digest.hexdigest()}"
-
-
-def _keyed_states(cells: Iterable[Mapping[bytes, Sequence[bytes]]]) -> Iterator[bytes]:
-    """Every key's sub-cell states of the given speed cells as one sequence of chunks: the
-    key, its number of states, then the states (so the grouping is part of the content)."""
-    for cell in cells:
-        for encoded, states in cell.items():
-            yield encoded
-            yield len(states).to_bytes(4, "little")
-            yield from states
-
-
-def _render(values: dict[str, Any] | None, start: int, window_ms: int, source: str) -> Point | None:
-    if values is None:
-        return None
-    point: Point = {
-        "start": format_time(start),
-        "end": format_time(start + window_ms),
-        "source": source,
-    }
-    point.update(values)
-    return point
-
-
-class _SlicedCells:
-    """The cells a sliced read fetched, decoded into their groups only when a window that
-    is not cached needs them (then once per cell)."""
+class GroupedCells:
+    """The cells a read fetched, decoded into their groups only when a window that is not
+    cached needs them (then once per cell); the merge gives the loop a turn every 1,024
+    stored cells decoded (`turns`)."""
 
     def __init__(
         self,
-        rows_at: Mapping[CellRef, list[tuple[Any, ...]]],
-        raw: Mapping[int, Mapping[bytes, list[bytes]]],
+        stored: Iterable[StoredCell],
+        speed_cells: SpeedCells,
         selection: Selection,
         sketched: bool,
     ) -> None:
-        self._rows_at = rows_at
-        self._raw = raw
+        self.speed_cells = speed_cells
+        self.turns = LoopTurns()
+        self._stored: dict[tuple[int, int], list[StoredCell]] = {}
+        for ref, run in groupby(stored, _CELL_REF):  # a statement returns a cell's rows together
+            self._stored.setdefault(ref, []).extend(run)
         self._selection = selection
         self._sketched = sketched
-        self._batch: dict[CellRef, dict[tuple[str, ...], list[CellState]]] = {}
-        self._speed: dict[int, dict[tuple[str, ...], list[CellState]]] = {}
+        self._batch: dict[CellRef, dict[Group, list[CellState]]] = {}
+        self._speed: dict[int, dict[Group, list[CellState]]] = {}
 
-    def batch(self, ref: CellRef) -> Mapping[tuple[str, ...], list[CellState]]:
+    async def batch(self, ref: CellRef) -> Mapping[Group, list[CellState]]:
         """A stored cell's states by group (PostgreSQL applied the filters)."""
         groups = self._batch.get(ref)
         if groups is None:
             groups = self._batch[ref] = {}
+            cells = self._stored.get(ref, [])
+            grouped = bool(self._selection.group_by)
             group_of = self._selection.group_of
-            for row in self._rows_at.get(ref, ()):
-                groups.setdefault(group_of(row[5]), []).append(state_of_columns(*row[6:12]))
+            for at in range(0, len(cells), 1024):
+                await self.turns.turn()
+                if not grouped:  # one group: no key to look at
+                    groups.setdefault((), []).extend([c.state() for c in cells[at : at + 1024]])
+                    continue
+                for cell in cells[at : at + 1024]:
+                    groups.setdefault(group_of(cell.key or ()), []).append(cell.state())
         return groups
 
-    def speed(self, cell_start: int) -> Mapping[tuple[str, ...], list[CellState]]:
+    def speed(self, cell_start: int) -> Mapping[Group, list[CellState]]:
         """A base cell's speed sub-cell states by group, after the filters."""
         groups = self._speed.get(cell_start)
         if groups is None:
             groups = self._speed[cell_start] = {}
             selection = self._selection
-            for encoded, blobs in self._raw.get(cell_start, {}).items():
+            for encoded, blobs in self.speed_cells.by_start.get(cell_start, {}).items():
                 key = decode_key(encoded)
                 if selection.matches(key):
                     groups.setdefault(selection.group_of(key), []).extend(
@@ -592,28 +484,76 @@ class _SlicedCells:
         return groups
 
 
-def _sliced_window(
-    metric: MetricPlan,
-    window: tuple[int, int],
-    plan: WindowPlan,
-    cells: _SlicedCells,
-    watermark: int | None,
-    options: RenderOptions,
-) -> dict[tuple[str, ...], orjson.Fragment]:
-    """One window's point per group: the group's batch cells and speed sub-cells of the
-    window's plan (rule 8) merged and rendered (a group with nothing in it has no point)."""
-    start, end = window
-    parts: dict[tuple[str, ...], list[CellState]] = {}
+async def compose(plan: WindowPlan, cells: GroupedCells) -> dict[Group, list[CellState]]:
+    """One window's states per group by its plan (rule 8): its batch cells, then its speed
+    base cells."""
+    parts: dict[Group, list[CellState]] = {}
     for ref in plan.batch_cells:
-        for group, states in cells.batch(ref).items():
+        for group, states in (await cells.batch(ref)).items():
             parts.setdefault(group, []).extend(states)
     for cell_start in plan.speed_cells:
         for group, states in cells.speed(cell_start).items():
             parts.setdefault(group, []).extend(states)
-    source = point_source(start, end, watermark)
-    points = {}
-    for group, states in parts.items():
-        point = _render(render_merge(metric, states, options), start, end - start, source)
-        if point is not None:
-            points[group] = orjson.Fragment(orjson.dumps(point))
-    return points
+    return parts
+
+
+async def render_window(
+    metric: MetricPlan,
+    window: Window,
+    plan: WindowPlan,
+    cells: GroupedCells,
+    watermark: int | None,
+    options: RenderOptions,
+) -> tuple[WindowPoints, int]:
+    """One window's point per group, its `source` by its position against W (a group with
+    nothing in it has no point), and the bytes they hold."""
+    source = point_source(*window, watermark)
+    points: WindowPoints = {}
+    size = 0
+    for group, states in (await compose(plan, cells)).items():
+        values = render_merge(metric, states, options)
+        if values is not None:
+            data = point_json(window, source, values)
+            points[group] = orjson.Fragment(data)
+            size += len(data)
+    return points, size
+
+
+def point_json(window: Window, source: str, values: dict[str, Any]) -> bytes:
+    """One window's point: its bounds, `source` and the rendered aggregations."""
+    point = {"start": format_time(window[0]), "end": format_time(window[1]), "source": source}
+    point.update(values)
+    return orjson.dumps(point)
+
+
+def _ranked_speed_states(
+    speed: SpeedCells,
+    starts: Sequence[int],
+    selection: Selection,
+    ranking: Ranking,
+    parts: dict[Group, list[CellState]],
+) -> int:
+    """Adds to `parts` each group's speed states of the given base cells, key by key, each
+    carrying only the ranked aggregation's sketch slot; returns how many it added."""
+    by_key: dict[bytes, list[bytes]] = {}
+    for start in starts:
+        for encoded, states in speed.by_start.get(start, {}).items():
+            by_key.setdefault(encoded, []).extend(states)
+    added = 0
+    for encoded, states in by_key.items():
+        key = decode_key(encoded)
+        if not selection.matches(key):
+            continue
+        group = parts.setdefault(selection.group_of(key), [])
+        for state in states:
+            cell = decode_state(state, ranking.slot >= 0)
+            if cell.sketches is not None:
+                cell.sketches = [cell.sketches[ranking.slot]]
+            group.append(cell)
+            added += 1
+    return added
+
+
+def _check_cells(cells: int, limit: int) -> None:
+    if cells > limit:
+        raise TooManyCells(limit)

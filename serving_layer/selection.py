@@ -65,7 +65,7 @@ class Selection:
 
     def group_of(self, key: Sequence[str]) -> tuple[str, ...]:
         """The group a stored key falls in (its `group_by` dimensions)."""
-        return tuple(key[i] for i in self._group_at)
+        return tuple(map(key.__getitem__, self._group_at))
 
     def sql_condition(self, column: str) -> tuple[sql.Composable, dict[str, list[str]]]:
         """`AND <column>[i] = ANY(...)` per filtered dimension, and its parameters."""

@@ -1,0 +1,270 @@
+"""Planning a read of the merged view, without I/O: from a request and the served row it is
+planned against, which windows come from the batch view alone, which straddle W and which come
+from the speed view alone (rule 8 in docs/semantics.md); which batch cells the one PostgreSQL
+statement fetches (`cell_query`), which speed base cells the one Redis round trip reads
+(`speed_read`), and which cached batch-only points it reuses (`known`). A plan is immutable:
+when the served row changes under a read, the request is planned again
+(`BatchViewReader.guarded`), it is never patched.
+
+One plan class per shape of answer: one key's series (`KeySeriesPlan`), a sliced series
+(`SlicedPlan`), a ranking (`TopPlan`). A new shape is a new plan class here and its statement
+in `batch_view`; `merged_view` reads, merges and caches every shape the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple, Protocol
+
+import orjson
+
+from serving_layer.batch_view import CellQuery, ServedRow
+from serving_layer.selection import Selection
+from shared.aggregations import Ranking
+from shared.metric_plan import MetricPlan
+from shared.windows import CellRef, WindowPlan, plan_window
+
+Window = tuple[int, int]
+"""`[start, end)` in epoch milliseconds."""
+
+Group = tuple[str, ...]
+"""A group's values of the `group_by` dimensions (`()` without `group_by`)."""
+
+WindowPoints = dict[Group, orjson.Fragment]
+"""One window's rendered point per group (a group without events has none)."""
+
+
+class SpeedRead(NamedTuple):
+    """The speed base cells a plan reads in its one Redis round trip: one key's sub-cells
+    (`key`) or every key's."""
+
+    starts: tuple[int, ...]
+    key: Group | None = None
+
+
+class ReadPlan(Protocol):
+    """What the read pipeline (`merged_view`) asks of every plan."""
+
+    @property
+    def served(self) -> ServedRow: ...
+
+    @property
+    def cell_query(self) -> CellQuery | None: ...
+
+    @property
+    def speed_read(self) -> SpeedRead: ...
+
+
+def split_starts(
+    starts: range, window_ms: int, watermark: int | None
+) -> tuple[range, range, range]:
+    """`starts` (stepping by `window_ms`) cut by position against W (rule 8): windows ending
+    at or before W (batch), the one straddling W (mixed; empty when W is on a boundary) and
+    windows starting at or after W (speed)."""
+    if watermark is None:
+        return starts[:0], starts[:0], starts
+    if not starts:
+        return starts, starts, starts
+    first = starts[0]
+    batch = min(len(starts), max(0, (watermark - first) // window_ms))
+    speed = min(len(starts), max(0, -(-(watermark - first) // window_ms)))
+    return starts[:batch], starts[batch:speed], starts[speed:]
+
+
+def batch_only(window: Window, watermark: int | None) -> bool:
+    """Whether a window ends at or before W: its points are cached for one served stamp."""
+    return watermark is not None and window[1] <= watermark
+
+
+@dataclass(frozen=True)
+class KeySeriesPlan:
+    """One key's windows of a configured size (`window_ms`), starts split at W: batch-only
+    windows from `known` points or merged from the batch cells alone, the window straddling
+    W and the speed-only windows merged with the speed view."""
+
+    metric: MetricPlan
+    key: Group
+    window_ms: int
+    served: ServedRow
+    batch: range
+    mixed: range
+    speed: range
+    known: Mapping[int, WindowPoints]
+    """The batch-only points cached for the served stamp, by window start."""
+    composed: Mapping[int, WindowPlan]
+    """How each window that is merged from the batch view is composed, by start: the
+    batch-only windows not `known`, then the one straddling W."""
+
+    @classmethod
+    def of(
+        cls,
+        metric: MetricPlan,
+        key: Group,
+        window_ms: int,
+        starts: range,
+        served: ServedRow,
+        known: Mapping[int, WindowPoints],
+    ) -> KeySeriesPlan:
+        batch, mixed, speed = split_starts(starts, window_ms, served.watermark)
+        base = metric.base_window_ms
+        missing = [start for start in batch if start not in known]
+        composed: dict[int, WindowPlan] = (
+            {start: WindowPlan((CellRef(base, start),), ()) for start in missing}
+            if window_ms == base
+            else {
+                start: plan_window(start, window_ms, base, served.watermark, metric.windows_ms)
+                for start in missing
+            }
+        )
+        for start in mixed:
+            composed[start] = plan_window(
+                start, window_ms, base, served.watermark, metric.windows_ms
+            )
+        return cls(metric, key, window_ms, served, batch, mixed, speed, known, composed)
+
+    @property
+    def cell_query(self) -> CellQuery:
+        needs: dict[CellRef, bool] = {}
+        needs_sketches = self.metric.aggregations.needs_sketches
+        for plan in self.composed.values():
+            need = needs_sketches(len(plan.batch_cells) + len(plan.speed_cells))
+            for ref in plan.batch_cells:
+                needs[ref] = needs.get(ref, False) or need
+        return CellQuery.one_key(self.key, needs)
+
+    @property
+    def mixed_speed_cells(self) -> list[int]:
+        """The speed base cells of the window straddling W (none when W is on a boundary)."""
+        return [s for start in self.mixed for s in self.composed[start].speed_cells]
+
+    @property
+    def speed_read(self) -> SpeedRead:
+        starts = self.mixed_speed_cells
+        if self.speed:
+            end = self.speed[-1] + self.window_ms
+            starts.extend(range(self.speed[0], end, self.metric.base_window_ms))
+        return SpeedRead(tuple(starts), self.key)
+
+
+@dataclass(frozen=True)
+class SlicedPlan:
+    """Every group's points of `selection` over any windows (of any multiple of the base
+    cell, hopping, aligned to a time zone): each window composed by rule 8, the batch-only
+    ones `known` reused. `deferred`: another request reads the same batch-only windows, so
+    this one reads the served row alone and waits for it (`ReadsInFlight`)."""
+
+    metric: MetricPlan
+    selection: Selection
+    served: ServedRow
+    windows: Mapping[Window, WindowPlan]
+    known: Mapping[Window, WindowPoints]
+    max_cells: int
+    deferred: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        metric: MetricPlan,
+        windows: Sequence[Window],
+        selection: Selection,
+        served: ServedRow,
+        known: Mapping[Window, WindowPoints],
+        max_cells: int,
+    ) -> SlicedPlan:
+        base = metric.base_window_ms
+        plans = {
+            (start, end): plan_window(start, end - start, base, served.watermark, metric.windows_ms)
+            for start, end in windows
+        }
+        return cls(metric, selection, served, plans, known, max_cells)
+
+    @property
+    def misses_batch_points(self) -> bool:
+        """Whether a batch-only window is not cached (its cells must be read and merged)."""
+        watermark = self.served.watermark
+        return any(batch_only(w, watermark) and w not in self.known for w in self.windows)
+
+    def deferring(self) -> SlicedPlan:
+        return replace(self, deferred=True)
+
+    @property
+    def cell_query(self) -> CellQuery:
+        refs: Sequence[CellRef] = ()
+        if not self.deferred:
+            refs = sorted(
+                {
+                    ref
+                    for window, plan in self.windows.items()
+                    if window not in self.known
+                    for ref in plan.batch_cells
+                }
+            )
+        return CellQuery.sliced(self.selection, refs, self.max_cells)
+
+    @property
+    def speed_read(self) -> SpeedRead:
+        return SpeedRead(tuple(sorted({s for p in self.windows.values() for s in p.speed_cells})))
+
+
+RankedGroups = list[tuple[Group, Any]]
+"""Groups and their ranked values, best first."""
+
+
+@dataclass(frozen=True)
+class TopPlan:
+    """Every group's ranked value over one window; a batch-only window's ranking `known`
+    for the served stamp is reused whole."""
+
+    metric: MetricPlan
+    ranking: Ranking
+    selection: Selection
+    start: int
+    window_ms: int
+    served: ServedRow
+    window: WindowPlan
+    known: tuple[RankedGroups, int] | None
+    """The cached ranking and the batch cells it was merged from."""
+    max_cells: int
+
+    @classmethod
+    def of(
+        cls,
+        metric: MetricPlan,
+        ranking: Ranking,
+        selection: Selection,
+        start: int,
+        window_ms: int,
+        served: ServedRow,
+        known: tuple[RankedGroups, int] | None,
+        max_cells: int,
+    ) -> TopPlan:
+        base = metric.base_window_ms
+        window = plan_window(start, window_ms, base, served.watermark, metric.windows_ms)
+        known = None if window.speed_cells or served.watermark is None else known
+        return cls(metric, ranking, selection, start, window_ms, served, window, known, max_cells)
+
+    @property
+    def cell_query(self) -> CellQuery:
+        refs = () if self.known is not None else self.window.batch_cells
+        parts = len(refs) + len(self.window.speed_cells)
+        sketch = self.ranking.slot + 1
+        merges_keys = self.selection.group_by != self.metric.key
+        return CellQuery.ranked(
+            self.selection,
+            refs,
+            self.max_cells,
+            sketch=sketch,
+            # one stored cell per group and no speed cells: its summary may be the answer
+            union=self.ranking.needs_sketch(parts) or (merges_keys and sketch > 0),
+        )
+
+    @property
+    def speed_read(self) -> SpeedRead:
+        return SpeedRead(self.window.speed_cells)
+
+
+def keys_speed_starts(metric: MetricPlan, start: int, end: int, watermark: int | None) -> range:
+    """The speed base cells whose keys `keys` lists: those of `[start, end)` after W."""
+    base = metric.base_window_ms
+    first = start if watermark is None else max(start, watermark)
+    return range(-(-first // base) * base, end, base)
