@@ -57,6 +57,10 @@ from shared.errors import ServiceUnavailableError
 from shared.kafka import client_config
 
 START_TIMEOUT_S = 60
+"""How long a starting service may go without answering and without writing to its log."""
+START_LIMIT_S = 900
+"""How long a starting service that keeps writing to its log (a broker loading thousands of
+partitions, a database recovering its WAL) may take in all."""
 STOP_TIMEOUT_S = 20
 MIN_JAVA = 17
 MIN_POSTGRES = 15
@@ -311,8 +315,8 @@ def _ensure_process(
     where = _where(dirs.data(name), dirs.log(name))
     error = probe()
     if error is not None and pid is not None:  # ours: it may still be starting
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while error is not None and time.monotonic() < deadline:
+        patience = _StartPatience(dirs.log(name))
+        while error is not None and not patience.exhausted():
             time.sleep(0.5)
             error = probe()
     if error is None:
@@ -342,7 +346,7 @@ def _spawn_and_wait(
         )
     pid = proc.pid
     pid_file.write_text(f"{pid}\n")
-    deadline = time.monotonic() + START_TIMEOUT_S
+    patience = _StartPatience(log)
     try:
         while (error := probe()) is not None:
             if proc.poll() is not None:
@@ -350,9 +354,9 @@ def _spawn_and_wait(
                     f"{name} exited with code {proc.returncode} while starting ({error}); "
                     f"last lines of {log}:\n{_tail(log)}"
                 )
-            if time.monotonic() > deadline:
+            if patience.exhausted():
                 raise ServiceUnavailableError(
-                    f"{name} did not answer within {START_TIMEOUT_S} s ({error}); "
+                    f"{name} did not answer ({error}) {patience.why()}; "
                     f"last lines of {log}:\n{_tail(log)}"
                 )
             time.sleep(0.2)
@@ -365,6 +369,35 @@ def _spawn_and_wait(
             warnings.simplefilter("ignore", ResourceWarning)  # it is meant to outlive us
             del proc
     return pid
+
+
+class _StartPatience:
+    """Waiting for a service to answer: `START_TIMEOUT_S` after its log last grew, and at
+    most `START_LIMIT_S` in all."""
+
+    def __init__(self, log: Path) -> None:
+        self._log = log
+        self._began = self._progress_at = time.monotonic()
+        self._size = self._log_size()
+
+    def _log_size(self) -> int:
+        try:
+            return self._log.stat().st_size
+        except OSError:
+            return 0
+
+    def exhausted(self) -> bool:
+        now = time.monotonic()
+        size = self._log_size()
+        if size != self._size:
+            self._size, self._progress_at = size, now
+        return now - self._progress_at > START_TIMEOUT_S or now - self._began > START_LIMIT_S
+
+    def why(self) -> str:
+        waited = time.monotonic() - self._began
+        if waited > START_LIMIT_S:
+            return f"within {START_LIMIT_S} s, although it kept writing its log"
+        return f"and wrote nothing to its log for {START_TIMEOUT_S} s ({waited:.0f} s in all)"
 
 
 def _stop_group(pid: int, marker: str) -> bool:
