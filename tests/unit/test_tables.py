@@ -224,3 +224,20 @@ def _config_error(**metric: Any) -> str:
 )
 def test_a_lookup_that_cannot_work_is_refused_at_load(metric: dict[str, Any], message: str) -> None:
     assert message in _config_error(**metric)
+
+
+def test_equal_versions_share_one_dict_and_only_equal_ones() -> None:
+    """A table's millions of versions mostly repeat a few values: equal projected fields are
+    kept once (memory: bench/tables.py), but values that only compare equal stay apart."""
+    table = TableVersions()
+    values: list[Any] = ["news", "news", 1, 1.0, True, 0.0, -0.0, {"team": "a"}, {"team": "a"}]
+    for offset, value in enumerate(values):
+        table.add(TableRecord(f"k{offset}", NOW, {"section": value}), 0, offset)
+    found = [table.as_of(f"k{offset}", NOW) for offset in range(len(values))]
+    joined = [fields for fields in found if fields is not None]
+    assert joined == [{"section": value} for value in values]
+    assert joined[0] is joined[1]  # the same string: one dict
+    distinct = joined[2:7]  # 1, 1.0, True, 0.0 and -0.0: each its own, with its own type
+    assert len({id(fields) for fields in distinct}) == 5
+    assert [repr(fields["section"]) for fields in distinct] == ["1", "1.0", "True", "0.0", "-0.0"]
+    assert joined[7] is not joined[8]  # an object: kept as it is
