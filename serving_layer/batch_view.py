@@ -9,15 +9,17 @@ case, and never a plan from one W with cells from another. Rows come back typed 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
+import psycopg
 from psycopg import AsyncCursor, sql
 from psycopg.rows import RowMaker
 
-from serving_layer.errors import BatchViewUnsettled, TooManyCells
+from serving_layer.errors import BatchViewUnreachable, BatchViewUnsettled, TooManyCells
 from serving_layer.pools import AsyncDb
 from serving_layer.selection import Selection
 from shared.aggregations import CellState
@@ -30,22 +32,27 @@ _GUARD_RETRIES = 4
 
 class ServedRow(NamedTuple):
     """The served row as one metric sees it: its `xmin` stamp (every publication rewrites the
-    row, rule 6), the generation and W (None when nothing of the metric's version is served)."""
+    row, rule 6), the generation and W (None when nothing of the metric's version is served).
+    `reachable` False: PostgreSQL did not answer, and this is the row last read (rule 12 in
+    docs/semantics.md): a plan of it reads no batch cell and answers from W on."""
 
     stamp: str | None
     generation: int | None
     watermark: int | None
+    reachable: bool = True
 
 
 NOTHING_SERVED = ServedRow(None, None, None)
 
 
 class ServedHints:
-    """The served row last seen per metric: what the next batch read is planned with."""
+    """The served row last seen per metric: what the next batch read is planned with, and,
+    while PostgreSQL does not answer, for how long a speed-only answer may still use it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._hints: dict[str, ServedRow] = {}
+        self._read_at: dict[str, float] = {}
 
     def get(self, metric: str) -> ServedRow:
         with self._lock:
@@ -54,6 +61,15 @@ class ServedHints:
     def set(self, metric: str, served: ServedRow) -> None:
         with self._lock:
             self._hints[metric] = served
+            self._read_at[metric] = time.monotonic()
+
+    def read_within(self, metric: str, seconds: float) -> ServedRow | None:
+        """The row last read, if it was read less than `seconds` ago."""
+        with self._lock:
+            read_at = self._read_at.get(metric)
+            if read_at is None or time.monotonic() - read_at > seconds:
+                return None
+            return self._hints[metric]
 
 
 class StoredCell(NamedTuple):
@@ -255,16 +271,22 @@ PlanT = TypeVar("PlanT", bound=BatchPlan)
 
 
 class BatchViewReader:
-    """Guarded reads of the served generation, planned against the hinted served row."""
+    """Guarded reads of the served generation, planned against the hinted served row.
+    `speed_only_for_s`: how long after the last successful read an unreachable PostgreSQL
+    still gets a plan of the row last read (rule 12 in docs/semantics.md: the speed worker
+    deletes cells below a W only once it has been served that long)."""
 
-    def __init__(self) -> None:
+    def __init__(self, speed_only_for_s: float) -> None:
         self.hints = ServedHints()
+        self.speed_only_for_s = speed_only_for_s
 
     async def guarded(
         self, db: AsyncDb, metric: MetricPlan, plan_for: Callable[[ServedRow], PlanT]
     ) -> tuple[PlanT, list[StoredCell]]:
         """The plan `plan_for` makes of the served row and the cells it reads, in one statement
-        while the hinted row is still served; else planned again with the row found."""
+        while the hinted row is still served; else planned again with the row found. When
+        PostgreSQL does not answer, the plan of the row last read marked unreachable, with no
+        cells (rule 12), if that row is recent enough; else the error."""
         served = self.hints.get(metric.name)
         for _ in range(_GUARD_RETRIES):
             plan = plan_for(served)
@@ -284,10 +306,18 @@ class BatchViewReader:
                     sizes=[r.size_ms for r in query.refs],
                     starts=[r.start_ms for r in query.refs],
                 )
-            async with db.connection() as conn:
-                cursor = conn.cursor(row_factory=_stored_cells)
-                await cursor.execute(statement, params)
-                rows = await cursor.fetchall()
+            try:
+                async with db.connection() as conn:
+                    cursor = conn.cursor(row_factory=_stored_cells)
+                    await cursor.execute(statement, params)
+                    rows = await cursor.fetchall()
+            except psycopg.errors.QueryCanceled:  # PostgreSQL answered: too slow, not down
+                raise
+            except (BatchViewUnreachable, psycopg.OperationalError):
+                last = self.hints.read_within(metric.name, self.speed_only_for_s)
+                if last is None:
+                    raise
+                return plan_for(last._replace(reachable=False)), []
             if query is not None and query.max_cells is not None and len(rows) > query.max_cells:
                 raise TooManyCells(query.max_cells)
             found, cells = _typed_rows(rows, metric.version)

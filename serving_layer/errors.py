@@ -54,6 +54,17 @@ def unavailable(message: str) -> HTTPException:
     return HTTPException(status_code=503, detail=message)
 
 
+class BatchViewUnreachable(HTTPException):
+    """A 503: PostgreSQL refused or dropped the connection (not the pool busy with other
+    requests). A series read catches it and answers from the speed view alone (rule 12 in
+    docs/semantics.md)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            status_code=503, detail="the batch view (PostgreSQL) is unreachable; retry later"
+        )
+
+
 def _describe(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors():

@@ -27,7 +27,7 @@ import orjson
 
 from serving_layer.batch_view import BatchViewReader, ServedRow, StoredCell
 from serving_layer.caches import ReadsInFlight, SpeedPointCache, StampedCache
-from serving_layer.errors import TooManyCells
+from serving_layer.errors import BatchViewUnreachable, TooManyCells
 from serving_layer.pools import AsyncDb
 from serving_layer.read_plan import (
     Group,
@@ -69,6 +69,8 @@ class SlicedResult:
     speed_states: int
     groups: dict[Group, list[orjson.Fragment]] = field(default_factory=dict)
     """Each group's points, ascending by start."""
+    batch_status: str = "ok"
+    """"unavailable": PostgreSQL did not answer; only windows from W on (rule 12)."""
 
 
 @dataclass
@@ -78,6 +80,8 @@ class ReadResult:
     points: list[orjson.Fragment] = field(default_factory=list)
     batch_cells: int = 0
     speed_states: int = 0
+    batch_status: str = "ok"
+    """"unavailable": PostgreSQL did not answer; only windows from W on (rule 12)."""
 
 
 class SpeedCells(NamedTuple):
@@ -113,7 +117,7 @@ class MergedView:
     def __init__(self, settings: Settings, client: AsyncRedis) -> None:
         self.settings = settings
         self.speed = SpeedViewReader(client)
-        self.batch = BatchViewReader()
+        self.batch = BatchViewReader(settings.speed.cleanup_delay_s)
         self.points = StampedCache(settings.serving.cache_points)
         """Rendered points of batch-only windows per answer, valid for one served stamp:
         window -> its point per group."""
@@ -172,6 +176,7 @@ class MergedView:
             list(chain.from_iterable(map(dict.values, from_batch))),
             batch_cells=len(plan.batch) - len(plan.composed) + len(plan.mixed) + len(stored),
             speed_states=sum(map(len, by_start.values())),
+            batch_status=batch_status(plan.served),
         )
         result.points.extend(self._key_speed_points(name, plan, by_start, options))
         return result
@@ -215,7 +220,13 @@ class MergedView:
             )
         finally:
             reading.release()
-        result = SlicedResult(plan.served.watermark, speed.status, len(stored), speed.states)
+        result = SlicedResult(
+            plan.served.watermark,
+            speed.status,
+            len(stored),
+            speed.states,
+            batch_status=batch_status(plan.served),
+        )
         for window in plan.windows:
             points = plan.known[window] if window in plan.known else merged[window]
             for group, point in points.items():
@@ -250,6 +261,8 @@ class MergedView:
                 max_cells,
             ),
         )
+        if not plan.served.reachable and plan.window.batch_cells:
+            raise BatchViewUnreachable()  # rule 12: a window before W needs the batch view
         speed = await self._read_speed(metric, plan.speed_read)
         watermark = plan.served.watermark
         if plan.known is not None:
@@ -270,7 +283,11 @@ class MergedView:
         if not plan.window.speed_cells and plan.served.stamp is not None and watermark is not None:
             self.tops.put(name, plan.served.stamp, (ranked, len(stored)), len(ranked) + 1)
         result = ReadResult(
-            watermark, speed.status, batch_cells=len(stored), speed_states=speed_states
+            watermark,
+            speed.status,
+            batch_cells=len(stored),
+            speed_states=speed_states,
+            batch_status=batch_status(plan.served),
         )
         return result, ranked
 
@@ -552,6 +569,12 @@ def _ranked_speed_states(
             group.append(cell)
             added += 1
     return added
+
+
+def batch_status(served: ServedRow) -> str:
+    """What an answer says of the batch view: "ok", or "unavailable" when PostgreSQL did not
+    answer and only windows from the W last read were merged (rule 12)."""
+    return "ok" if served.reachable else "unavailable"
 
 
 def _check_cells(cells: int, limit: int) -> None:

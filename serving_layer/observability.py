@@ -9,7 +9,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -29,6 +29,15 @@ MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 _CELL_BUCKETS = (0, 1, 10, 60, 100, 500, 1_000, 1_500, 5_000, 10_000, 50_000, 100_000)
+
+
+class MergedAnswer(Protocol):
+    """What `observe_merge` reads of a merged view's answer."""
+
+    batch_cells: int
+    speed_states: int
+    speed_status: str
+    batch_status: str
 
 
 class ServingMetrics:
@@ -63,6 +72,12 @@ class ServingMetrics:
         self.speed_unavailable = Counter(
             "lambda_serving_speed_unavailable_total",
             "Queries answered batch-only because Redis was unreachable",
+            registry=self.registry,
+        )
+        self.batch_unavailable = Counter(
+            "lambda_serving_batch_unavailable_total",
+            "Queries answered from the speed view alone, from the W last read on, because "
+            "PostgreSQL was unreachable (rule 12)",
             registry=self.registry,
         )
         self.shed = Counter(
@@ -100,9 +115,14 @@ class ServingMetrics:
             registry.register(collector)
         return generate_latest(registry)
 
-    def observe_merge(self, endpoint: str, batch_cells: int, speed_states: int) -> None:
-        self.merge_cells.labels(endpoint, "batch").observe(batch_cells)
-        self.merge_cells.labels(endpoint, "speed").observe(speed_states)
+    def observe_merge(self, endpoint: str, answer: MergedAnswer) -> None:
+        """A merged answer: the cells it merged per layer, and whether a store was missing."""
+        self.merge_cells.labels(endpoint, "batch").observe(answer.batch_cells)
+        self.merge_cells.labels(endpoint, "speed").observe(answer.speed_states)
+        if answer.speed_status == "unavailable":
+            self.speed_unavailable.inc()
+        if answer.batch_status == "unavailable":
+            self.batch_unavailable.inc()
 
 
 class WatermarkAgeCollector(Collector):

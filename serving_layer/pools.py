@@ -33,12 +33,11 @@ import psycopg
 from fastapi import HTTPException
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from serving_layer.errors import unavailable
+from serving_layer.errors import BatchViewUnreachable, unavailable
 from shared.config import Settings
 
 log = logging.getLogger(__name__)
 
-_UNREACHABLE = "the batch view (PostgreSQL) is unreachable; retry later"
 _OVERLOADED = (
     "the API is overloaded: every PostgreSQL connection stayed busy with other requests; "
     "retry later, or add API workers (LAMBDA_SERVING__WORKERS)"
@@ -151,7 +150,7 @@ class _Waits:
         if isinstance(error, PoolTimeout) and self.held:
             return unavailable(_OVERLOADED)
         self.failed(error)
-        return unavailable(_UNREACHABLE)
+        return BatchViewUnreachable()
 
     def failed(self, error: Exception) -> None:
         if not self.failing:

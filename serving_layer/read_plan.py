@@ -106,6 +106,8 @@ class KeySeriesPlan:
         known: Mapping[int, WindowPoints],
     ) -> KeySeriesPlan:
         batch, mixed, speed = split_starts(starts, window_ms, served.watermark)
+        if not served.reachable:  # rule 12: the windows from W on only, all speed
+            batch = mixed = starts[:0]
         base = metric.base_window_ms
         missing = [start for start in batch if start not in known]
         composed: dict[int, WindowPlan] = (
@@ -172,8 +174,11 @@ class SlicedPlan:
         max_cells: int,
     ) -> SlicedPlan:
         base = metric.base_window_ms
+        watermark = served.watermark
+        if not served.reachable and watermark is not None:  # rule 12: from W on, all speed
+            windows = [window for window in windows if window[0] >= watermark]
         plans = {
-            (start, end): plan_window(start, end - start, base, served.watermark, metric.windows_ms)
+            (start, end): plan_window(start, end - start, base, watermark, metric.windows_ms)
             for start, end in windows
         }
         return cls(metric, selection, served, plans, known, max_cells)

@@ -8,6 +8,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 SpeedStatus = Literal["ok", "rebuilding", "unavailable"]
+BatchStatus = Literal["ok", "unavailable"]
+"""`unavailable`: PostgreSQL did not answer; the answer holds only the windows starting at or
+after `batch_watermark` (the W last read), from the speed view (rule 12 in docs/semantics.md)."""
 PointSource = Literal["batch", "speed", "mixed"]
 Number = int | float
 
@@ -103,6 +106,7 @@ class SeriesResponse(BaseModel):
         default=None, description="the dimension filters of a merged series (dim -> values)"
     )
     batch_watermark: str | None = Field(description="W: cells ending at or before it are batch")
+    batch_status: BatchStatus = Field(description="ok, or unavailable: windows from W on only")
     speed_status: SpeedStatus
     points: list[Point]
 
@@ -122,6 +126,7 @@ class GroupedSeriesResponse(BaseModel):
     filters: dict[str, list[str]]
     group_by: list[str]
     batch_watermark: str | None
+    batch_status: BatchStatus = Field(description="ok, or unavailable: windows from W on only")
     speed_status: SpeedStatus
     groups: list[SeriesGroup]
     truncated: bool = Field(description="more groups had points than `limit`")
@@ -140,6 +145,7 @@ class TopResponse(BaseModel):
     end: str
     by: str
     batch_watermark: str | None
+    batch_status: BatchStatus = Field(description="ok, or unavailable: windows from W on only")
     speed_status: SpeedStatus
     items: list[TopItem]
 

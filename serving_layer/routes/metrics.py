@@ -205,7 +205,12 @@ async def series(
                 db, plan, window_ms, window_starts(start_ms, end_ms, window_ms), rolled_key, options
             )
             sliced = SlicedResult(
-                one.watermark, one.speed_status, one.batch_cells, one.speed_states, {(): one.points}
+                one.watermark,
+                one.speed_status,
+                one.batch_cells,
+                one.speed_states,
+                {(): one.points},
+                one.batch_status,
             )
         else:
             sliced = await view.sliced_series(db, plan, windows, read, options)
@@ -213,14 +218,13 @@ async def series(
     result = await view.series(
         db, metric, window_ms, window_starts(start_ms, end_ms, window_ms), key, options
     )
-    observer.observe_merge("series", result.batch_cells, result.speed_states)
-    if result.speed_status == "unavailable":
-        observer.speed_unavailable.inc()
+    observer.observe_merge("series", result)
     body = {
         "metric": metric.name,
         "window": format_duration(window_ms),
         "key": dict(zip(metric.key, key, strict=True)),
         "batch_watermark": _w(result.watermark),
+        "batch_status": result.batch_status,
         "speed_status": result.speed_status,
         "points": result.points,
     }
@@ -270,9 +274,7 @@ async def top(
     check_supported(start_ms, end_ms, "the window holding `at`", "send a smaller window")
     plan, read = answering_plan(settings, metric, selection)
     result, ranked = await view.top(db, plan, window_ms, start_ms, ranking, read)
-    observer.observe_merge("top", result.batch_cells, result.speed_states)
-    if result.speed_status == "unavailable":
-        observer.speed_unavailable.inc()
+    observer.observe_merge("top", result)
     source = point_source(start_ms, end_ms, result.watermark)
     body = {
         "metric": metric.name,
@@ -281,6 +283,7 @@ async def top(
         "end": format_time(end_ms),
         "by": by,
         "batch_watermark": _w(result.watermark),
+        "batch_status": result.batch_status,
         "speed_status": result.speed_status,
         "items": [
             {
@@ -304,9 +307,7 @@ def _sliced_answer(
 ) -> JSONResponse:
     """A series merged over the keys passing the filters (one, or one per group), over any
     windows: of any multiple of the base cell, hopping, aligned to a time zone."""
-    observer.observe_merge("series", result.batch_cells, result.speed_states)
-    if result.speed_status == "unavailable":
-        observer.speed_unavailable.inc()
+    observer.observe_merge("series", result)
     head: dict[str, Any] = {"metric": metric.name, "window": format_duration(spec.size_ms)}
     if spec.step_ms != spec.size_ms:
         head["step"] = format_duration(spec.step_ms)
@@ -314,6 +315,7 @@ def _sliced_answer(
         head["tz"] = str(spec.tz)
     tail = {
         "batch_watermark": _w(result.watermark),
+        "batch_status": result.batch_status,
         "speed_status": result.speed_status,
     }
     if not selection.group_by:

@@ -5,11 +5,13 @@ PostgreSQL of the test's own (the rest of the suite keeps the shared ones); Kafk
 shared broker with this test's topic and consumer group.
 
 Through each outage no process exits; the API answers batch-only with `speed_status:
-"unavailable"` while Redis is down and 503 with a message while PostgreSQL is down (never
-another 5xx); the worker says it is degraded (`speed_degraded`) and logs each change of state
-once; `/readyz` is ready within seconds of recovery. The run PostgreSQL's outage interrupted
-is recorded as failed with its error and retried; the worker, which kept applying events while
-PostgreSQL was down, resumes exactly after Redis returns. Afterwards every batch cell, every
+"unavailable"` while Redis is down, and while PostgreSQL is down answers series from the
+speed view from the W it last read on (`batch_status: "unavailable"`, rule 12) and everything
+else 503 with a message (never another 5xx); the worker says it is degraded
+(`speed_degraded`) and logs each change of state once; `/readyz` is ready within seconds of
+recovery. The run PostgreSQL's outage interrupted is recorded as failed with its error and
+retried; the worker, which kept applying events while PostgreSQL was down, resumes exactly
+after Redis returns. Afterwards every batch cell, every
 speed cell after W and the merged series equal the oracle."""
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import redis
 
 from lambdactl.generator import GeneratorSpec, generate, produce
 from lambdactl.stack import stack_down, stack_up
-from serving_layer.timefmt import format_time
+from serving_layer.timefmt import format_time, parse_time
 from shared.config import Settings
 from shared.db.connect import connect
 from shared.db.migrate import upgrade
@@ -234,8 +236,10 @@ def test_redis_and_postgres_outages_are_ridden_out(stores: Stores, tmp_path: Pat
             30,
             0.05,
         )
+        stopping = time.monotonic()
         stack_down(managed, ("postgres",))
         began = time.monotonic()
+        phases["pg_stopping"] = (stopping, began)  # a shutting-down server refuses already
         applied_before = fences(platform)
         sent += _produce_live(settings, 600, seed=5)
         timings["worker_degraded_pg_s"] = until(
@@ -389,14 +393,14 @@ def _check_answers(answers: list[Answer], phases: dict[str, tuple[float, float]]
 
     assert answers, "the reader got no answer"
     problems = []
-    seen = {"redis_down": 0, "pg_down": 0}
+    seen = {"redis_down": 0, "pg_down": 0, "pg_down_series": 0}
     for a in answers:
-        what = f"{a.path} -> {a.status} {a.body}"
+        what = f"{a.path} -> {a.status} {a.body} during [{a.started:.2f}, {a.ended:.2f}]"
         if a.status not in (200, 503):
             problems.append(f"not 200/503: {what}")
             continue
         if a.status == 503:
-            if not overlaps(a, "pg_down", "pg_recovering"):
+            if not overlaps(a, "pg_stopping", "pg_down", "pg_recovering"):
                 problems.append(f"503 with PostgreSQL up: {what}")
             if not str(a.body.get("detail", "")):
                 problems.append(f"503 without a message: {what}")
@@ -406,7 +410,19 @@ def _check_answers(answers: list[Answer], phases: dict[str, tuple[float, float]]
                 problems.append(f"Redis down, want 200 batch-only: {what}")
         if inside(a, "pg_down"):
             seen["pg_down"] += 1
-            if a.status != 503:
-                problems.append(f"PostgreSQL down, want 503: {what}")
-    assert problems == [], "\n".join(problems[:20])
-    assert seen["redis_down"] >= 10 and seen["pg_down"] >= 2, seen
+            if "/series" not in a.path:
+                if a.status != 503:
+                    problems.append(f"PostgreSQL down, want 503: {what}")
+                continue
+            seen["pg_down_series"] += 1
+            body = a.body
+            if a.status != 200 or body.get("batch_status") != "unavailable":
+                problems.append(f"PostgreSQL down, want the speed view's windows: {what}")
+                continue
+            w = parse_time(body["batch_watermark"])
+            if not body["points"] or any(
+                parse_time(p["start"]) < w or p["source"] != "speed" for p in body["points"]
+            ):
+                problems.append(f"PostgreSQL down, want points from W on, from speed: {what}")
+    assert problems == [], "\n".join([*problems[:20], f"phases: {phases}"])
+    assert seen["redis_down"] >= 10 and seen["pg_down"] >= 2 and seen["pg_down_series"] >= 2, seen

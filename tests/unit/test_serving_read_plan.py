@@ -121,3 +121,18 @@ def test_a_top_plan_reuses_a_cached_ranking_only_for_a_batch_only_window() -> No
 def test_keys_read_the_speed_cells_after_w() -> None:
     assert keys_speed_starts(METRIC, 0, 3 * HOUR, W) == range(W, 3 * HOUR, MINUTE)
     assert keys_speed_starts(METRIC, 1, 2 * MINUTE, None) == range(MINUTE, 2 * MINUTE, MINUTE)
+
+
+def test_an_unreachable_batch_view_plans_the_windows_from_w_on_and_reads_no_cell() -> None:
+    """Rule 12: planned from the row last read, marked unreachable."""
+    last = SERVED._replace(reachable=False)
+    starts = range(0, 4 * HOUR, HOUR)
+    plan = KeySeriesPlan.of(METRIC, (), HOUR, starts, last, {0: POINT})
+    assert not plan.batch and not plan.mixed and not plan.composed
+    assert list(plan.speed) == [3 * HOUR]  # the hour straddling W (2h30) is omitted
+    assert not plan.cell_query.refs
+    assert plan.speed_read.starts == tuple(range(3 * HOUR, 4 * HOUR, MINUTE))
+    windows = [(0, HOUR), (2 * HOUR, 3 * HOUR), (W, W + HOUR), (3 * HOUR, 4 * HOUR)]
+    sliced = SlicedPlan.of(METRIC, windows, Selection(METRIC.key), last, {}, 1000)
+    assert list(sliced.windows) == [(W, W + HOUR), (3 * HOUR, 4 * HOUR)]
+    assert not sliced.cell_query.refs and not sliced.misses_batch_points
