@@ -317,7 +317,7 @@ async function refreshSeries() {
     state.series = { body, start, end, query };
     showError(null);
     drawChart();
-    updateHeader(body.speed_status, body.batch_watermark);
+    updateHeader(body.speed_status, body.batch_watermark, body.batch_status);
   } catch (error) {
     if (seq !== state.seq.series) return;
     // The API says what it rejected (e.g. a time zone the base window cannot align to):
@@ -329,11 +329,13 @@ async function refreshSeries() {
   $("chart").dataset.query = query;
 }
 
-function updateHeader(status, watermark) {
+function updateHeader(status, watermark, batchStatus) {
   const pill = $("speed-status");
   pill.textContent = "speed: " + status;
   pill.className = "pill " + status;
-  $("w-label").textContent = "W: " + (watermark || "none yet");
+  // batch view unreachable: the answer holds only the windows from W on (the speed view's)
+  const batchDown = batchStatus === "unavailable" ? " (batch view unreachable: only windows from W on)" : "";
+  $("w-label").textContent = "W: " + (watermark || "none yet") + batchDown;
 }
 
 function drawEmpty(text, isError) {
