@@ -48,12 +48,12 @@ import re
 import time
 import uuid
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
-from typing import Any
+from typing import Any, NamedTuple
 from zoneinfo import ZoneInfo
 
 from tests import expression_duckdb
@@ -559,6 +559,29 @@ def _metric_fields(
 def window_start(t_ms: int, size_ms: int) -> int:
     """Start of the epoch-aligned tumbling window of `size_ms` holding `t_ms` (floor)."""
     return t_ms - t_ms % size_ms
+
+
+def sessionize(times: Iterable[int], gap_ms: int, max_duration_ms: int) -> list[Session]:
+    """One key's sessions over its event times (any order), by the rule as written: in time
+    order, an event starts a new session when at least `gap_ms` passed since the session's
+    latest event, or when it is at least `max_duration_ms` after the session's first."""
+    sessions: list[Session] = []
+    for t in sorted(times):
+        if sessions:
+            first, last, events = sessions[-1]
+            if t - last < gap_ms and t - first < max_duration_ms:
+                sessions[-1] = Session(first, t, events + 1)
+                continue
+        sessions.append(Session(t, t, 1))
+    return sessions
+
+
+class Session(NamedTuple):
+    """A session of one key: its first and last event times and how many events it holds."""
+
+    first: int
+    last: int
+    events: int
 
 
 def _bump(counter: dict[str, int], name: str) -> None:
