@@ -8,6 +8,7 @@ case, and never a plan from one W with cells from another. Rows come back typed 
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -58,13 +59,18 @@ class ServedHints:
         with self._lock:
             return self._hints.get(metric, NOTHING_SERVED)
 
-    def set(self, metric: str, served: ServedRow) -> None:
+    def set(self, metric: str, served: ServedRow, sent_at: float) -> None:
+        """Keep `served`, read by a statement sent at `sent_at` (monotonic), unless a row
+        read by a statement sent later is kept already (a slow read ending late holds an
+        older snapshot)."""
         with self._lock:
-            self._hints[metric] = served
-            self._read_at[metric] = time.monotonic()
+            if sent_at >= self._read_at.get(metric, -math.inf):
+                self._hints[metric] = served
+                self._read_at[metric] = sent_at
 
     def read_within(self, metric: str, seconds: float) -> ServedRow | None:
-        """The row last read, if it was read less than `seconds` ago."""
+        """The row kept, if the statement that read it was sent less than `seconds` ago (its
+        snapshot is no older than that: a publication it misses came after)."""
         with self._lock:
             read_at = self._read_at.get(metric)
             if read_at is None or time.monotonic() - read_at > seconds:
@@ -309,19 +315,18 @@ class BatchViewReader:
             try:
                 async with db.connection() as conn:
                     cursor = conn.cursor(row_factory=_stored_cells)
+                    sent_at = time.monotonic()
                     await cursor.execute(statement, params)
                     rows = await cursor.fetchall()
-            except psycopg.errors.QueryCanceled:  # PostgreSQL answered: too slow, not down
-                raise
-            except (BatchViewUnreachable, psycopg.OperationalError):
+            except (BatchViewUnreachable, psycopg.OperationalError) as exc:
                 last = self.hints.read_within(metric.name, self.speed_only_for_s)
-                if last is None:
+                if last is None or not _unreachable(exc):
                     raise
                 return plan_for(last._replace(reachable=False)), []
             if query is not None and query.max_cells is not None and len(rows) > query.max_cells:
                 raise TooManyCells(query.max_cells)
             found, cells = _typed_rows(rows, metric.version)
-            self.hints.set(metric.name, found)
+            self.hints.set(metric.name, found, sent_at)
             if found.watermark is None:
                 return plan_for(found), []
             if found.stamp == served.stamp:
@@ -358,6 +363,20 @@ class BatchViewReader:
         served = _served_of(columns, rows, metric.version)
         key_at = columns.index("key")
         return served.watermark, {tuple(row[key_at]) for row in rows if row[key_at] is not None}
+
+
+_DOWN_STATES = ("57P01", "57P02", "57P03")
+"""Admin shutdown, crash shutdown, cannot connect now: PostgreSQL going or gone."""
+
+
+def _unreachable(error: Exception) -> bool:
+    """Whether `error` says PostgreSQL cannot be reached (no connection, or the connection
+    lost: rule 12), not an error it answered (out of memory, a deadlock, a canceled
+    statement), which stays an error."""
+    if isinstance(error, BatchViewUnreachable):
+        return True
+    state = getattr(error, "sqlstate", None)
+    return state is None or state.startswith("08") or state in _DOWN_STATES
 
 
 def _served_of(columns: list[str], rows: list[Any], version: str) -> ServedRow:
