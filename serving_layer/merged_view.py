@@ -40,7 +40,6 @@ from serving_layer.read_plan import (
     WindowPoints,
     keys_speed_starts,
 )
-from serving_layer.read_plan import split_starts as split_starts
 from serving_layer.selection import Selection
 from serving_layer.timefmt import format_time
 from shared.aggregations import CellState, Ranking, RenderOptions, decode_state, merge_states
@@ -354,14 +353,11 @@ class MergedView:
         return known or {}
 
     async def _read_speed(self, metric: MetricPlan, read: SpeedRead) -> SpeedCells:
-        """The plan's speed read in one round trip (the status alone when it reads no cell)."""
+        """Every key's sub-cells of the plan's base cells in one round trip (the status alone
+        when it reads no cell). One key's series reads its own key (`series`)."""
         if not read.starts:
             return SpeedCells(await self.speed.status(), {})
-        if read.key is None:
-            return SpeedCells(*await self.speed.read_all_by_start(metric, read.starts))
-        encoded = encode_key(read.key)
-        status, states = await self.speed.read_key(metric, read.starts, encoded)
-        return SpeedCells(status, {start: {encoded: found} for start, found in states.items()})
+        return SpeedCells(*await self.speed.read_all_by_start(metric, read.starts))
 
     async def _merge_windows(
         self,

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving_layer.merged_view import render_merge, split_starts
+from serving_layer.merged_view import render_merge
+from serving_layer.read_plan import split_starts
 from shared.aggregations import DEFAULT_RENDER, decode_state, encode_state, fold_inputs
 from shared.config import MetricConfig, SourceConfig
 from shared.db.cells import BatchCell
