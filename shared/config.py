@@ -379,6 +379,10 @@ class SparkSettings(_Strict):
     """Extra Spark properties, e.g. `spark.executor.memory` for a cluster."""
     fast_path: bool = True
     """Decode Kafka records with `pyarrow.json` where it agrees with the shared parser."""
+    broadcast_table_records: int = Field(default=1_000_000, ge=0)
+    """A joined table with at most this many records in the run's snapshot is sent whole to
+    every task (a broadcast join: the events are not shuffled); a bigger one is joined by
+    sorting both sides by key, and never gathered in the driver (rule 11)."""
 
 
 class BatchConfig(_Strict):

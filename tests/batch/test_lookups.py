@@ -4,18 +4,24 @@ versions valid from the same time, a deleted key (flag and tombstone), a key abs
 table, an integer join key, invalid table records; then updates arriving after the events they
 apply to, which the next incremental runs recompute: one back-dated before W (the run re-reads
 every partition from offset 0), one valid after W (it re-reads from the rebuild index's offsets),
-with copies of events counted before."""
+with copies of events counted before. Twice: with the table broadcast (a small table's join)
+and joined by sorting both sides (a big one's)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
 import pytest
 
 from batch_layer import execute_run
+from batch_layer.decode import InputLayout
+from batch_layer.lookups import read_versions
 from lambdactl.generator import GeneratorSpec
+from shared.config import Settings
 from shared.db.runs import RunRequest
 from shared.kafka import create_topics
 from tests import oracle
@@ -45,12 +51,61 @@ def _page_one(event_id: str, ts: int) -> tuple[bytes, bytes]:
     return event_id.encode(), orjson.dumps(event)
 
 
-def test_runs_join_tables_as_of_event_time(platform: Platform, spark: Any) -> None:
+@contextmanager
+def _join_strategy(spark: Any, strategy: str) -> Iterator[dict[str, Any]]:
+    """The `spark` settings that make the runs join the table by `strategy`: `broadcast` (the
+    default for a small table) or `sorted` (as for a table over `broadcast_table_records`,
+    with Spark kept from broadcasting on its own meanwhile: adaptive execution would, the
+    test's table being small)."""
+    if strategy == "broadcast":
+        yield {}
+        return
+    names = [
+        "spark.sql.autoBroadcastJoinThreshold",
+        "spark.sql.adaptive.autoBroadcastJoinThreshold",
+    ]
+    before = {name: spark.conf.get(name, None) for name in names}
+    for name in names:
+        spark.conf.set(name, "-1")
+    try:
+        yield {"broadcast_table_records": 0}
+    finally:
+        for name, value in before.items():
+            if value is None:
+                spark.conf.unset(name)
+            else:
+                spark.conf.set(name, value)
+
+
+def _broadcast(spark: Any, settings: Settings) -> bool:
+    """Whether the runs would broadcast the table of the metrics' first join."""
+    layout = InputLayout.of([p for p in settings.plans.values() if p.config.lookups])
+    join = layout.joins[0]
+    ends = {str(p): 100 for p in range(settings.tables[0].partitions)}
+    plan = read_versions(spark, settings, join, ends)._jdf.queryExecution().analyzed()
+    return "strategy=broadcast" in plan.toString()
+
+
+@pytest.mark.parametrize("strategy", ["broadcast", "sorted"])
+def test_runs_join_tables_as_of_event_time(platform: Platform, spark: Any, strategy: str) -> None:
+    with _join_strategy(spark, strategy) as join_settings:
+        _join_tables_as_of_event_time(platform, spark, join_settings)
+
+
+def _join_tables_as_of_event_time(
+    platform: Platform, spark: Any, join_settings: dict[str, Any]
+) -> None:
     tag = platform.config["sources"][0]["topic"]
     plain = {"name": "views", "source": "pageviews", "key": ["page"], "aggregations": ["count"]}
     metrics = [*LOOKUP_METRICS, {**plain, "windows": ["1m"], "grace": "2m"}]
-    world = reconfigured(platform, metrics=metrics, tables=[pages_table(tag)])
+    world = reconfigured(
+        platform,
+        metrics=metrics,
+        tables=[pages_table(tag)],
+        spark=join_settings,
+    )
     settings = world.settings
+    assert _broadcast(spark, settings) == (join_settings == {})
     create_topics(settings)
     now = int(time.time() * 1000) // HOUR * HOUR
     start, mid, end = now - 3 * HOUR, now - 2 * HOUR, now - HOUR
