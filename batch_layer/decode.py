@@ -127,6 +127,23 @@ class InputLayout:
         lookup's name)."""
         return f"j{join}r{[r.path for r in self.joins[join].reads].index(path)}{part}"
 
+    def join_key_column(self, join: int) -> str:
+        """The column of a join's key text (the lookup's `on`) in the event's row."""
+        return f"j{join}"
+
+    def definition_inputs(self) -> list[str]:
+        """The columns only definitions read (raw paths, zone offsets, the joins' keys and
+        joined versions), which a run drops once the metrics' inputs are computed: its
+        persisted rows need not carry them."""
+        joined = [
+            self.joined_column(q, read.path, part)
+            for q, join in enumerate(self.joins)
+            for read in join.reads
+            for part, _ in read.parts
+        ]
+        keys = [self.join_key_column(q) for q in range(len(self.joins))]
+        return [name for name, _ in self.raw_fields()] + keys + joined
+
     def zone_column(self, path: tuple[str, ...] | None, zone: str) -> str:
         """The column of a zone's offsets at the event time (`path` None) or a field."""
         return f"z{self.zones.index(ZoneRead(path, zone))}"

@@ -58,7 +58,7 @@ def with_defined_inputs(
     for i, metric in enumerate(metrics):
         if metric.definitions is not None:
             rows = _Metric(i, metric, layout).columns(rows)
-    return rows
+    return rows.drop(*layout.definition_inputs())
 
 
 def key_column(i: int, dim: int) -> str:

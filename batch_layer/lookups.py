@@ -214,14 +214,15 @@ def _join(
         stages,
     )
     rows = stages.apply(rows)
-    rows = rows.withColumn(f"j{q}", text_of(on))
+    key = layout.join_key_column(q)
+    rows = rows.withColumn(key, text_of(on))
     rows = rows.select(*[c for c in rows.columns if not c.startswith(f"_j{q}_")])
     v = f"_v{q}_"
     ranged = versions.select(*[F.col(c).alias(v + c) for c in versions.columns])
     time = F.col("time_ms")
     matched = rows.join(
         ranged,
-        (F.col(f"j{q}") == F.col(v + "key"))
+        (F.col(key) == F.col(v + "key"))
         & (F.col(v + "valid_from") <= time)
         & (F.col(v + "valid_to").isNull() | (time < F.col(v + "valid_to"))),
         "left",
