@@ -22,7 +22,6 @@ offset 0) and replaces those cells."""
 from __future__ import annotations
 
 import logging
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -53,7 +52,6 @@ from shared.db.cells import BatchCell
 from shared.db.connect import connect
 from shared.db.runs import RunRecord
 from shared.db.served import ServedView, read_served
-from shared.lateness import batch_watermark
 from shared.metric_plan import MetricPlan, versions_of
 from shared.windows import window_start
 
@@ -80,8 +78,8 @@ class RunPlan(ABC):
 
     def watermark(self, metric: MetricPlan, stream_times: Iterable[int]) -> int | None:
         """W of `metric` after the run, from the partitions' stream times (rule 5)."""
-        return batch_watermark(
-            self._served_watermark(metric), stream_times, metric.grace_ms, metric.base_window_ms
+        return metric.windows.watermark(
+            self._served_watermark(metric), stream_times, metric.grace_ms
         )
 
     def seen_ids(self, settings: Settings, source: SourceConfig) -> IdLookup | None:
@@ -309,7 +307,7 @@ def _recompute_from(
             t for lookup in metric.lookups if (t := changes.get(lookup.table.name)) is not None
         ]
         if times:
-            recompute_from[metric.name] = window_start(min(times), math.lcm(*metric.windows_ms))
+            recompute_from[metric.name] = metric.windows.floor_aligned(min(times))
     return recompute_from
 
 

@@ -322,15 +322,14 @@ class MergedView:
         states (the answer's `name` holds the key) or merged and kept by them. The hottest
         loop of the serving layer (a dashboard's last hour): no per-window plan or grouping."""
         metric = plan.metric
-        base = metric.base_window_ms
-        window_ms = plan.window_ms
+        windows, window_ms = metric.windows, plan.window_ms
         sketched = bool(metric.kinds)
         cache = self.speed_points
         for start in plan.speed:
-            if window_ms == base:
+            if window_ms == windows.base_ms:
                 states = by_start.get(start, ())
             else:
-                cells = range(start, start + window_ms, base)
+                cells = windows.cell_starts(start, start + window_ms)
                 states = [state for cell in cells for state in by_start.get(cell, ())]
             if not states:
                 continue

@@ -22,7 +22,7 @@ from serving_layer.batch_view import CellQuery, ServedRow
 from serving_layer.selection import Selection
 from shared.aggregations import Ranking
 from shared.metric_plan import MetricPlan
-from shared.windows import CellRef, WindowPlan, plan_window
+from shared.windows import CellRef, WindowPlan
 
 Window = tuple[int, int]
 """`[start, end)` in epoch milliseconds."""
@@ -108,20 +108,15 @@ class KeySeriesPlan:
         batch, mixed, speed = split_starts(starts, window_ms, served.watermark)
         if not served.reachable:  # rule 12: the windows from W on only, all speed
             batch = mixed = starts[:0]
-        base = metric.base_window_ms
+        windows, watermark = metric.windows, served.watermark
         missing = [start for start in batch if start not in known]
         composed: dict[int, WindowPlan] = (
-            {start: WindowPlan((CellRef(base, start),), ()) for start in missing}
-            if window_ms == base
-            else {
-                start: plan_window(start, window_ms, base, served.watermark, metric.windows_ms)
-                for start in missing
-            }
+            {start: WindowPlan((CellRef(window_ms, start),), ()) for start in missing}
+            if window_ms == windows.base_ms
+            else {start: windows.compose(start, window_ms, watermark) for start in missing}
         )
         for start in mixed:
-            composed[start] = plan_window(
-                start, window_ms, base, served.watermark, metric.windows_ms
-            )
+            composed[start] = windows.compose(start, window_ms, watermark)
         return cls(metric, key, window_ms, served, batch, mixed, speed, known, composed)
 
     @property
@@ -144,7 +139,7 @@ class KeySeriesPlan:
         starts = self.mixed_speed_cells
         if self.speed:
             end = self.speed[-1] + self.window_ms
-            starts.extend(range(self.speed[0], end, self.metric.base_window_ms))
+            starts.extend(self.metric.windows.cell_starts(self.speed[0], end))
         return SpeedRead(tuple(starts), self.key)
 
 
@@ -173,12 +168,11 @@ class SlicedPlan:
         known: Mapping[Window, WindowPoints],
         max_cells: int,
     ) -> SlicedPlan:
-        base = metric.base_window_ms
         watermark = served.watermark
         if not served.reachable and watermark is not None:  # rule 12: from W on, all speed
             windows = [window for window in windows if window[0] >= watermark]
         plans = {
-            (start, end): plan_window(start, end - start, base, watermark, metric.windows_ms)
+            (start, end): metric.windows.compose(start, end - start, watermark)
             for start, end in windows
         }
         return cls(metric, selection, served, plans, known, max_cells)
@@ -243,8 +237,7 @@ class TopPlan:
         known: tuple[RankedGroups, int] | None,
         max_cells: int,
     ) -> TopPlan:
-        base = metric.base_window_ms
-        window = plan_window(start, window_ms, base, served.watermark, metric.windows_ms)
+        window = metric.windows.compose(start, window_ms, served.watermark)
         known = None if window.speed_cells or served.watermark is None else known
         return cls(metric, ranking, selection, start, window_ms, served, window, known, max_cells)
 
@@ -270,6 +263,4 @@ class TopPlan:
 
 def keys_speed_starts(metric: MetricPlan, start: int, end: int, watermark: int | None) -> range:
     """The speed base cells whose keys `keys` lists: those of `[start, end)` after W."""
-    base = metric.base_window_ms
-    first = start if watermark is None else max(start, watermark)
-    return range(-(-first // base) * base, end, base)
+    return metric.windows.cell_starts(start if watermark is None else max(start, watermark), end)

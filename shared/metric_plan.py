@@ -20,6 +20,7 @@ from shared.aggregations import AggregationSet, SketchKind, parse_aggregation
 from shared.config import MetricConfig, SourceConfig, TableConfig
 from shared.expressions import Definitions, compile_definitions
 from shared.expressions.syntax import Call, Field, Node, walk
+from shared.window_kind import TumblingWindows
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +39,8 @@ class MetricPlan:
     """The numeric field `sum`/`min`/`max`/`avg` read, or None when no aggregation needs one."""
     aggregations: AggregationSet
     """The configured aggregations, parsed by the registry (`shared.aggregations`)."""
-    base_window_ms: int
-    """The smallest window: the cell size both layers store."""
-    windows_ms: tuple[int, ...]
-    """Every configured window, ascending (the base window first)."""
+    windows: TumblingWindows
+    """The window kind: how events fall into stored cells and windows are composed of them."""
     grace_ms: int
     sketch_inputs: tuple[SketchInput, ...]
     """What each sketch slot reads, in slot order."""
@@ -59,6 +58,16 @@ class MetricPlan:
     """Set on a rollup's own plan: whose cells it merges over the dimensions it leaves out."""
     lookups: tuple[LookupPlan, ...] = ()
     """The tables joined to each event before `definitions` read it (rule 11)."""
+
+    @property
+    def base_window_ms(self) -> int:
+        """The smallest window: the cell size both layers store."""
+        return self.windows.base_ms
+
+    @property
+    def windows_ms(self) -> tuple[int, ...]:
+        """Every configured window, ascending (the base window first)."""
+        return self.windows.sizes_ms
 
     @property
     def kinds(self) -> tuple[SketchKind, ...]:
@@ -221,8 +230,7 @@ def compile_plan(
         key=metric.key,
         value=metric.value,
         aggregations=aggregations,
-        base_window_ms=windows[0],
-        windows_ms=windows,
+        windows=TumblingWindows(windows),
         grace_ms=metric.grace,
         sketch_inputs=inputs,
         fields_read=tuple(dict.fromkeys(inputs_read)),

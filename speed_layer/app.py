@@ -368,7 +368,7 @@ class SpeedWorker:
                 if safe is None:
                     continue
                 for key, start, partition in self.store.sub_cells(metric):
-                    if partition in partitions and start + metric.base_window_ms <= safe:
+                    if partition in partitions and metric.windows.cell_end(start) <= safe:
                         cells.append(key)
             for key, partition, bucket in self.store.id_sets(topic):
                 fence = processor.known_fence(partition) if partition in partitions else None

@@ -35,7 +35,6 @@ from shared.events import (
     metric_inputs,
     parse_fields,
 )
-from shared.lateness import latest_late_start
 from shared.metric_plan import MetricPlan, Rollup, versions_digest
 from shared.speed_view import (
     APPLIED,
@@ -324,10 +323,10 @@ def decide(
         if metric.rollup is not None:
             groups.append(_rolled_up(by_name[metric.rollup.parent], metric.rollup))
             continue
-        base = metric.base_window_ms
-        grace = metric.grace_ms
+        windows, grace = metric.windows, metric.grace_ms
+        cell_start = windows.cell_start
         watermark = watermarks.get(name)
-        as_of_seen, bound = _NO_TIME, latest_late_start(base, grace, None, watermark)
+        as_of_seen, bound = _NO_TIME, windows.latest_late_start(grace, None, watermark)
         cells: defaultdict[tuple[int, tuple[str, ...]], list[InputFields]] = defaultdict(list)
         groups.append(cells)
         by_name[name] = cells
@@ -341,9 +340,9 @@ def decide(
                 continue
             if type(contribution) is Filtered:
                 continue
-            start = time_ms - time_ms % base
+            start = cell_start(time_ms)
             if as_of != as_of_seen:  # the stream time moves only on a new maximum
-                as_of_seen, bound = as_of, latest_late_start(base, grace, as_of, watermark)
+                as_of_seen, bound = as_of, windows.latest_late_start(grace, as_of, watermark)
             if start <= bound:
                 late += 1
                 names = late_for.get(index)

@@ -1,0 +1,74 @@
+"""A metric's window kind: how its events fall into stored cells, when a cell is late, where W
+lies and how a queried window is composed from cells — the one object the speed processor,
+the batch aggregation and the serving planner ask, so a kind's arithmetic is written once.
+
+Every metric today is `TumblingWindows` (rules 1, 2, 5 and 8 in docs/semantics.md): epoch-
+aligned tumbling cells of the metric's smallest window, the base; every configured window is a
+multiple of it and is the merge of its cells, as are hopping and zoned windows the serving
+layer composes. The pure definitions stay in `shared.windows` and `shared.lateness`; this
+class binds them to a metric's windows."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from shared.lateness import batch_watermark, latest_late_start
+from shared.windows import WindowPlan, plan_window, window_start, window_starts
+
+
+@dataclass(frozen=True, slots=True)
+class TumblingWindows:
+    """Tumbling windows of `sizes_ms` (ascending, each a multiple of the first: the base
+    cell both layers store per key)."""
+
+    sizes_ms: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.sizes_ms or any(size % self.sizes_ms[0] for size in self.sizes_ms):
+            raise ValueError(f"windows {self.sizes_ms} are not multiples of the smallest")
+
+    @property
+    def base_ms(self) -> int:
+        """The base cell's size: the smallest window."""
+        return self.sizes_ms[0]
+
+    @property
+    def aligned_ms(self) -> int:
+        """The span every window's boundaries fall on (their least common multiple): a time
+        floored to it starts a window of every size, so no cell straddles it."""
+        return math.lcm(*self.sizes_ms)
+
+    def cell_start(self, time_ms: int) -> int:
+        """The start of the base cell an event at `time_ms` falls in (rule 1)."""
+        return time_ms - time_ms % self.sizes_ms[0]
+
+    def cell_end(self, start_ms: int) -> int:
+        """The end of the base cell starting at `start_ms`."""
+        return start_ms + self.sizes_ms[0]
+
+    def cell_starts(self, start_ms: int, end_ms: int) -> range:
+        """The starts of the base cells starting in `[start_ms, end_ms)`."""
+        return window_starts(start_ms, end_ms, self.sizes_ms[0])
+
+    def latest_late_start(
+        self, grace_ms: int, stream_time_ms: int | None, watermark_ms: int | None
+    ) -> int:
+        """The latest start of a late base cell (rule 2; `shared.lateness.latest_late_start`)."""
+        return latest_late_start(self.sizes_ms[0], grace_ms, stream_time_ms, watermark_ms)
+
+    def watermark(
+        self, previous_ms: int | None, stream_times_ms: Iterable[int], grace_ms: int
+    ) -> int | None:
+        """W after a run that saw the partitions' `stream_times_ms` (rule 5)."""
+        return batch_watermark(previous_ms, stream_times_ms, grace_ms, self.sizes_ms[0])
+
+    def compose(self, start_ms: int, size_ms: int, watermark_ms: int | None) -> WindowPlan:
+        """The cells the window `[start_ms, start_ms + size_ms)` merges (rule 8): stored
+        batch cells up to W, coarsest first, then speed base cells."""
+        return plan_window(start_ms, size_ms, self.sizes_ms[0], watermark_ms, self.sizes_ms)
+
+    def floor_aligned(self, time_ms: int) -> int:
+        """`time_ms` floored to a boundary of every window (`aligned_ms`)."""
+        return window_start(time_ms, self.aligned_ms)
