@@ -3,7 +3,8 @@ view the way a reader does (one REPEATABLE READ snapshot), compare with the orac
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
@@ -232,3 +233,19 @@ def integer_pages(ts: int) -> list[tuple[bytes, bytes]]:
         (k.encode(), orjson.dumps({**base, "ts": ts + i, "event_id": k, "page": page}))
         for i, (k, page) in enumerate(pages)
     ]
+
+
+@contextmanager
+def spark_conf(spark: Any, values: Mapping[str, str]) -> Iterator[None]:
+    """The session's settings changed for the block (the session is shared)."""
+    before = {key: spark.conf.get(key, None) for key in values}
+    for key, value in values.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, old in before.items():
+            if old is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, old)

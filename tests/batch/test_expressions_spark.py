@@ -16,8 +16,7 @@ events to be found reliably, so `EDGE_CASES` names them.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +46,7 @@ from shared.expressions import (
 )
 from shared.expressions.evaluate import zone_offset_ms
 from shared.expressions.syntax import Call, EventTime, Field, Kind, walk
+from tests.batch.helpers import spark_conf
 from tests.expression_strategies import FIELDS, TIME_FIELD, events, expressions, expressions_over
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
@@ -228,22 +228,6 @@ def assert_same(
     return len(loaded)
 
 
-@contextmanager
-def _spark_conf(spark: SparkSession, values: Mapping[str, str]) -> Iterator[None]:
-    """The session's settings changed for the block (the session is shared)."""
-    before = {key: spark.conf.get(key) for key in values}
-    for key, value in values.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, old in before.items():
-            if old is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, old)
-
-
 # ---------------------------------------------------------------------------------------------
 # The property: random expressions (a computed field `c` and a field `v` that may read it) on
 # random events.
@@ -266,7 +250,7 @@ def test_spark_matches_python(spark: SparkSession, data: st.DataObject) -> None:
     texts = data.draw(st.lists(_DEFINITIONS, min_size=40, max_size=40), label="definitions")
     batch = data.draw(st.lists(events(), min_size=150, max_size=150), label="events")
     ansi = data.draw(st.sampled_from(["true", "false"]), label="spark.sql.ansi.enabled")
-    with _spark_conf(spark, {"spark.sql.ansi.enabled": ansi}):
+    with spark_conf(spark, {"spark.sql.ansi.enabled": ansi}):
         loaded = assert_same(spark, texts, batch)
     assert loaded >= len(texts) * 3 // 4, f"only {loaded} of {len(texts)} definitions load"
 
@@ -497,7 +481,7 @@ def test_edge_cases_in_spark(spark: SparkSession, ansi: str, zone: str) -> None:
     """Whatever ANSI mode and the session time zone: nothing raises, answers do not change."""
     texts, batch = _edge_case_batch()
     conf = {"spark.sql.ansi.enabled": ansi, "spark.sql.session.timeZone": zone}
-    with _spark_conf(spark, conf):
+    with spark_conf(spark, conf):
         assert assert_same(spark, texts, batch) == len(texts)
 
 

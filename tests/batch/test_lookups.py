@@ -38,6 +38,7 @@ from tests.batch.helpers import (
     queue,
     run_record,
     served_view,
+    spark_conf,
     table_history,
     table_version,
 )
@@ -60,21 +61,12 @@ def _join_strategy(spark: Any, strategy: str) -> Iterator[dict[str, Any]]:
     if strategy == "broadcast":
         yield {}
         return
-    names = [
-        "spark.sql.autoBroadcastJoinThreshold",
-        "spark.sql.adaptive.autoBroadcastJoinThreshold",
-    ]
-    before = {name: spark.conf.get(name, None) for name in names}
-    for name in names:
-        spark.conf.set(name, "-1")
-    try:
+    never = {
+        "spark.sql.autoBroadcastJoinThreshold": "-1",
+        "spark.sql.adaptive.autoBroadcastJoinThreshold": "-1",
+    }
+    with spark_conf(spark, never):
         yield {"broadcast_table_records": 0}
-    finally:
-        for name, value in before.items():
-            if value is None:
-                spark.conf.unset(name)
-            else:
-                spark.conf.set(name, value)
 
 
 def _broadcast(spark: Any, settings: Settings) -> bool:
