@@ -62,7 +62,8 @@ def _schema(reads: Sequence[RawRead]) -> pa.Schema:
 class KafkaTableVersions(DataSource):
     """A table's records as versions. Options: `kafka.<setting>` (as `lambda_kafka`), `table`
     (`TableConfig` as JSON), `reads` (the paths read: a JSON list of `[path, typed, text,
-    number]`) and `slices` (`[partition, start, end]`, as `lambda_kafka`)."""
+    number]`), `slices` (`[partition, start, end]`) and `fast_path` (the read columns through
+    `pyarrow.json` where it agrees; as `lambda_kafka`)."""
 
     @classmethod
     def name(cls) -> str:
@@ -86,13 +87,14 @@ class _VersionReader(SliceReader):
         table = TableConfig.model_validate_json(self.options["table"])
         reads = _reads(self.options)
         client = client_config_of_options(self.options)
+        fast = self.options.get("fast_path", "true") == "true"
         with collector_paused():
             for batch in read_slice(client, table.topic, partition, keys=True):
-                yield _versions(table, reads, partition.partition, batch)
+                yield _versions(table, reads, partition.partition, batch, fast=fast)
 
 
 def _versions(
-    table: TableConfig, reads: Sequence[RawRead], partition: int, batch: Records
+    table: TableConfig, reads: Sequence[RawRead], partition: int, batch: Records, *, fast: bool
 ) -> pa.RecordBatch:
     """One fetch of a table's records as version rows."""
     rows: list[list[Any]] = [[] for _ in _VERSION_FIELDS]
@@ -110,7 +112,7 @@ def _versions(
     kinds = [kind for _, kind in _VERSION_FIELDS]
     arrays = [pa.array(column, kind) for column, kind in zip(rows, kinds, strict=True)]
     times = pa.array(batch.create_times, pa.int64())
-    read = arrow_columns(reads, (), batch.values, times)
+    read = arrow_columns(reads, (), batch.values, times) if fast else None
     if read is None:
         read = python_columns(reads, (), batch.values, batch.create_times)
     arrays += read
@@ -168,7 +170,7 @@ def _table_records(
     ends: Mapping[str, int],
 ) -> DataFrame:
     """The table's records in `[starts, ends)` (partition -> offset) as version rows, read in
-    at least as many slices as Spark has cores (a table often has one partition, and a
+    slices of at most a core's share of them (a table often has one partition, and a
     broadcast join reads it before any event)."""
     records = sum(end - starts.get(p, 0) for p, end in ends.items())
     cores = spark.sparkContext.defaultParallelism
@@ -186,6 +188,7 @@ def _table_records(
             orjson.dumps([[list(r.path), r.typed, r.text, r.number] for r in reads]).decode(),
         )
         .option("slices", orjson.dumps(slices).decode())
+        .option("fast_path", "true" if settings.spark.fast_path else "false")
         .load()
     )
 

@@ -380,9 +380,12 @@ class SparkSettings(_Strict):
     fast_path: bool = True
     """Decode Kafka records with `pyarrow.json` where it agrees with the shared parser."""
     broadcast_table_records: int = Field(default=1_000_000, ge=0)
-    """A joined table with at most this many records in the run's snapshot is sent whole to
-    every task (a broadcast join: the events are not shuffled); a bigger one is joined by
-    sorting both sides by key, and never gathered in the driver (rule 11)."""
+    """A joined table with at most this many records (offsets) in the run's snapshot is
+    gathered in the driver and sent whole to every task (a broadcast join: the events are not
+    shuffled); a bigger one is joined by sorting both sides by key, never through the driver
+    (rule 11). The bound counts records, not bytes: for a table whose records carry wide
+    fields the metrics read, lower it so that the broadcast fits the driver's memory and
+    `spark.driver.maxResultSize`."""
 
 
 class BatchConfig(_Strict):

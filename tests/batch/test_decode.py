@@ -3,6 +3,7 @@ the same malformed and skipped reasons, for clean blocks and for blocks salted w
 
 from __future__ import annotations
 
+import json
 import random
 
 import orjson
@@ -10,9 +11,11 @@ import pyarrow as pa
 import pytest
 
 from batch_layer.decode import Decoder
-from batch_layer.raw_reads import arrow_columns, python_columns
+from batch_layer.kafka_source import Records
+from batch_layer.lookups import _versions
+from batch_layer.raw_reads import RawRead, arrow_columns, python_columns
 from lambdactl.generator import GeneratorSpec, generate
-from shared.config import Settings
+from shared.config import Settings, TableConfig
 from tests.conftest import platform_config
 
 NOW = 1_780_000_000_000
@@ -247,3 +250,33 @@ def test_raw_reads_of_salted_blocks_agree_with_the_shared_parser(seed: int) -> N
 def test_each_raw_read_edge_case_alone(case: bytes | None) -> None:
     block = [*_defined_block(3, 9), case]
     assert _decode_defined(block, fast=True) == _decode_defined(block, fast=False)
+
+
+TABLE = TableConfig(name="pages", topic="pages", key_field="page", time_field="from")
+TABLE_READS = [RawRead(("section",), True, True, True), RawRead(("rank",), True, True, True)]
+
+
+@pytest.mark.parametrize(("seed", "salted"), [(0, 0.0), (1, 0.0), (2, 0.01), (3, 0.3)])
+def test_table_versions_decode_alike_with_and_without_the_fast_path(
+    seed: int, salted: float
+) -> None:
+    """A table block's version rows (`batch_layer.lookups._versions`) are the same whether
+    its read columns come through pyarrow or record by record (`spark.fast_path` off); a
+    clean block takes the fast path."""
+    rng = random.Random(seed)
+    values: list[bytes | None] = []
+    for i in range(300):
+        record = {"page": f"/p/{i % 40}", "from": NOW + i, "section": f"s{i % 7}", "rank": i}
+        if rng.random() < salted:
+            record[rng.choice(["section", "rank", "page", "from"])] = rng.choice(
+                [None, 7, 2.5, True, "x", 2**70, [1], {"a": 1}]
+            )
+        odd = rng.random() < salted / 10  # a tombstone or a value that is not an object
+        values.append(rng.choice([None, b"5"]) if odd else json.dumps(record).encode())
+    keys = [f"/p/{i % 40}".encode() for i in range(len(values))]
+    batch = Records(list(range(len(values))), [NOW] * len(values), values, keys)
+    fast = _versions(TABLE, TABLE_READS, 0, batch, fast=True)
+    slow = _versions(TABLE, TABLE_READS, 0, batch, fast=False)
+    assert fast.to_pylist() == slow.to_pylist()
+    if not salted:
+        assert arrow_columns(TABLE_READS, (), values, pa.array([NOW] * len(values))) is not None
