@@ -6,7 +6,10 @@ Every metric today is `TumblingWindows` (rules 1, 2, 5 and 8 in docs/semantics.m
 aligned tumbling cells of the metric's smallest window, the base; every configured window is a
 multiple of it and is the merge of its cells, as are hopping and zoned windows the serving
 layer composes. The pure definitions stay in `shared.windows` and `shared.lateness`; this
-class binds them to a metric's windows."""
+class binds them to a metric's windows.
+
+`SessionWindows` (rule 13) holds a key's sessions instead, bucketed by their first event into
+tumbling windows; the session arithmetic itself is `shared.sessions`'."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from shared.lateness import batch_watermark, latest_late_start
+from shared.sessions import SessionRule
 from shared.windows import WindowPlan, plan_window, window_start, window_starts
 
 
@@ -72,3 +76,37 @@ class TumblingWindows:
     def floor_aligned(self, time_ms: int) -> int:
         """`time_ms` floored to a boundary of every window (`aligned_ms`)."""
         return window_start(time_ms, self.aligned_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionWindows:
+    """Sessions of `rule`, each in the bucket of `buckets`' windows its first event falls in
+    (rule 13 in docs/semantics.md)."""
+
+    rule: SessionRule
+    buckets: TumblingWindows
+
+    def bucket_start(self, first_ms: int) -> int:
+        """The start of the base bucket a session whose first event is at `first_ms` counts
+        in."""
+        return self.buckets.cell_start(first_ms)
+
+    def watermark(
+        self, previous_ms: int | None, stream_times_ms: Iterable[int], grace_ms: int
+    ) -> int | None:
+        """The sessions' W after a run that saw the partitions' `stream_times_ms`: rule 5's W
+        held back by `max_duration`, so a session starting before it ended before the grace
+        began on the most advanced partition, and no later event can join it."""
+        return self.buckets.watermark(
+            previous_ms, stream_times_ms, grace_ms + self.rule.max_duration_ms
+        )
+
+    def is_late(
+        self, time_ms: int, grace_ms: int, stream_time_ms: int | None, watermark_ms: int | None
+    ) -> bool:
+        """Whether the speed layer drops an event at `time_ms`: the grace has passed it on its
+        partition (Kafka Streams' rule for a session), or it is so close to W that a session
+        the batch view serves could hold it (before W plus `max_duration`)."""
+        if stream_time_ms is not None and time_ms + grace_ms <= stream_time_ms:
+            return True
+        return watermark_ms is not None and time_ms < watermark_ms + self.rule.max_duration_ms
