@@ -160,6 +160,27 @@ class LookupConfig(_Strict):
         return on
 
 
+class SessionConfig(_Strict):
+    """How a session metric cuts each key's events into sessions (rule 13 in
+    docs/semantics.md): at a pause of `gap` or more, and at `max_duration` after a session's
+    first event."""
+
+    gap: Duration
+    max_duration: Duration
+
+    @model_validator(mode="after")
+    def _gap_shorter(self) -> SessionConfig:
+        if self.gap <= 0:
+            raise ValueError("session gap must be a positive duration, e.g. 30m")
+        if self.gap >= self.max_duration:
+            raise ValueError(
+                f"session gap {format_duration(self.gap)} must be shorter than max_duration "
+                f"{format_duration(self.max_duration)}: a session is cut at max_duration "
+                "anyway, so a longer gap would never end one"
+            )
+        return self
+
+
 class MetricConfig(_Strict):
     """A windowed aggregate over one source, keyed by zero or more dimensions."""
 
@@ -180,6 +201,9 @@ class MetricConfig(_Strict):
     rollups: tuple[tuple[str, ...], ...] = ()
     """Subsets of `key` both layers pre-aggregate like the full key (`[]`: the total), so a
     query merging over the other dimensions reads few cells; normalized to key order."""
+    session: SessionConfig | None = None
+    """Set for a session metric (rule 13): `key` is the session key and `windows` bucket the
+    sessions by their first event."""
 
     @field_validator("name")
     @classmethod
@@ -280,6 +304,15 @@ class MetricConfig(_Strict):
         if len(set(windows)) != len(windows):
             raise ValueError("windows must not repeat")
         return tuple(sorted(windows))
+
+    @model_validator(mode="after")
+    def _session_key(self) -> MetricConfig:
+        if self.session is not None and not self.key:
+            raise ValueError(
+                "a session metric needs a key: the session key whose events form sessions, "
+                "e.g. key: [user_id]"
+            )
+        return self
 
     @model_validator(mode="after")
     def _value_needed(self) -> MetricConfig:
@@ -608,6 +641,11 @@ class Settings(BaseSettings):
                         f"{tables or 'none'}"
                     )
             _check_expressions(metric, self.source(metric.source))
+            if metric.session is not None:
+                raise ValueError(
+                    f"metric {metric.name!r}: session metrics (rule 13 in docs/semantics.md) "
+                    "are not computed by this version's layers yet; remove its `session` key"
+                )
         if any(m.lookups for m in self.metrics):
             from shared.metric_plan import compile_plan
 

@@ -20,7 +20,8 @@ from shared.aggregations import AggregationSet, SketchKind, parse_aggregation
 from shared.config import MetricConfig, SourceConfig, TableConfig
 from shared.expressions import Definitions, compile_definitions
 from shared.expressions.syntax import Call, Field, Node, walk
-from shared.window_kind import TumblingWindows
+from shared.sessions import SessionRule
+from shared.window_kind import SessionWindows, TumblingWindows
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,9 @@ class MetricPlan:
     """Set on a rollup's own plan: whose cells it merges over the dimensions it leaves out."""
     lookups: tuple[LookupPlan, ...] = ()
     """The tables joined to each event before `definitions` read it (rule 11)."""
+    sessions: SessionWindows | None = None
+    """Set for a session metric (rule 13): how its key's events form sessions, bucketed by
+    their first event into `windows`."""
 
     @property
     def base_window_ms(self) -> int:
@@ -174,7 +178,7 @@ def _version(
     metric without rollups, computed fields, a filter or lookups hashes as it did before those
     keys existed; a rollup's plan hashes its parent's definition and its dimensions; a metric
     with lookups hashes the tables they join too."""
-    optional = ("rollups", "fields", "where", "lookups")
+    optional = ("rollups", "fields", "where", "lookups", "session")
     unset = {name for name in optional if not getattr(metric, name)}
     definition: dict[str, object] = {
         "metric": metric.model_dump(mode="json", exclude=unset),
@@ -222,6 +226,11 @@ def compile_plan(
     ):
         definitions = compile_definitions(metric.where, dict(metric.fields), source.time_field)
     lookups = () if definitions is None else _lookups(metric, source, tables, definitions)
+    buckets = TumblingWindows(windows)
+    sessions = None
+    if metric.session is not None:
+        rule = SessionRule(metric.session.gap, metric.session.max_duration)
+        sessions = SessionWindows(rule, buckets)
     return MetricPlan(
         name=metric.name,
         version=_version(metric, source, tables=tuple(lookup.table for lookup in lookups)),
@@ -230,13 +239,14 @@ def compile_plan(
         key=metric.key,
         value=metric.value,
         aggregations=aggregations,
-        windows=TumblingWindows(windows),
+        windows=buckets,
         grace_ms=metric.grace,
         sketch_inputs=inputs,
         fields_read=tuple(dict.fromkeys(inputs_read)),
         rollups=metric.rollups,
         definitions=definitions,
         lookups=lookups,
+        sessions=sessions,
     )
 
 

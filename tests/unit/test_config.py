@@ -623,3 +623,49 @@ def test_version_changes_with_the_definition(where: str, field: str, value: obje
     target = config["metrics"][0] if where == "metric" else config["sources"][0]
     target[field] = value
     assert version_of(config) != version_of(example())
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+def _session_metric(**session: str) -> dict[str, Any]:
+    config = example()
+    config["metrics"][0]["session"] = session
+    return config
+
+
+@pytest.mark.parametrize(
+    ("session", "words"),
+    [
+        ({"gap": "30m", "max_duration": "30m"}, ["gap 30m must be shorter than max_duration 30m"]),
+        ({"gap": "2h", "max_duration": "1h"}, ["gap 2h must be shorter than max_duration 1h"]),
+        ({"gap": "0s", "max_duration": "1h"}, ["gap must be a positive duration"]),
+        ({"gap": "30m"}, ["max_duration", "Field required"]),
+        ({"gap": "30m", "max_duration": "12h", "timeout": "1h"}, ["timeout"]),
+    ],
+)
+def test_a_bad_session_is_refused_at_load_with_what_to_change(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, session: dict[str, str], words: list[str]
+) -> None:
+    message = config_error(monkeypatch, tmp_path, _session_metric(**session))
+    assert "metrics.0.session" in message
+    for word in words:
+        assert word in message
+
+
+def test_a_session_metric_needs_a_session_key(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = _session_metric(gap="30m", max_duration="12h")
+    config["metrics"][0]["key"] = []
+    message = config_error(monkeypatch, tmp_path, config)
+    assert "metrics.0" in message
+    assert "a session metric needs a key" in message
+
+
+def test_a_valid_session_metric_is_refused_until_the_layers_compute_sessions(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    message = config_error(monkeypatch, tmp_path, _session_metric(gap="30m", max_duration="12h"))
+    assert "'views_by_page': session metrics" in message
+    assert "not computed by this version's layers yet" in message

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from shared.aggregations import HLL
-from shared.config import MetricConfig, Settings, SourceConfig
+from shared.config import MetricConfig, SessionConfig, Settings, SourceConfig
 from shared.metric_plan import (
     MetricPlan,
     Rollup,
@@ -23,6 +23,8 @@ from shared.metric_plan import (
     versions_digest,
     versions_of,
 )
+from shared.sessions import SessionRule
+from shared.window_kind import SessionWindows
 
 MIN = 60_000
 HOUR = 60 * MIN
@@ -267,3 +269,16 @@ def test_a_bad_rollup_is_refused_with_what_to_send(rollups: list[Any], message: 
     bad["metrics"][0]["rollups"] = rollups
     with pytest.raises(ValueError, match=message):
         Settings(**bad)
+
+
+def test_a_session_metric_plans_its_rule_and_buckets_and_has_a_version_of_its_own() -> None:
+    source = SourceConfig(name="clicks", topic="clicks", time_field="ts", id_field="id")
+    plain = MetricConfig(name="visits", source="clicks", key=("user",), windows=(HOUR, DAY))
+    sessions = plain.model_copy(
+        update={"session": SessionConfig(gap=30 * MIN, max_duration=12 * HOUR)}
+    )
+    plan = compile_plan(sessions, source)
+    assert plan.sessions == SessionWindows(SessionRule(30 * MIN, 12 * HOUR), plan.windows)
+    assert plan.windows.sizes_ms == (HOUR, DAY)
+    assert compile_plan(plain, source).sessions is None
+    assert plan.version != compile_plan(plain, source).version
