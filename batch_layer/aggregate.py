@@ -23,14 +23,16 @@ from batch_layer.defined_inputs import (
 from batch_layer.errors import UnpackablePositionError
 from batch_layer.raw_reads import JoinRead
 from batch_layer.rebuild_index import HISTORY_BUCKET_MS, RebuildIndex, next_rebuild_index
+from batch_layer.sessions import SESSION_COLUMN, with_sessions
 from shared.aggregations import (
+    KLL,
     PLAIN_COLUMNS,
     SketchKind,
     spark_plain_merge,
     spark_plain_partial,
 )
 from shared.config import SourceConfig
-from shared.metric_plan import MetricPlan, read_plans
+from shared.metric_plan import MetricPlan, SessionPartName, read_plans, session_part_name
 
 
 @dataclass(frozen=True)
@@ -97,12 +99,13 @@ def _kinds(metrics: Sequence[MetricPlan]) -> dict[SketchKind, int]:
     return widths
 
 
-def metric_inputs(events: DataFrame, metrics: Sequence[MetricPlan]) -> DataFrame:
-    """(metric, base window, time, key, value, one item array per sketch kind) of every event
-    each metric uses: one row per (event, metric), generated from one scan of the events
-    (whose columns are laid out by `InputLayout`)."""
+def metric_inputs(
+    events: DataFrame, metrics: Sequence[MetricPlan], kinds: Mapping[SketchKind, int]
+) -> DataFrame:
+    """(metric, base window, time, key, value, one item array per sketch kind in `kinds`) of
+    every event each metric uses: one row per (event, metric), generated from one scan of the
+    events (whose columns are laid out by `InputLayout`)."""
     layout = InputLayout.of(metrics)
-    kinds = _kinds(metrics)
 
     def texts(names: Sequence[str]) -> Column:
         return F.array(*[F.col(layout.text_column(name)) for name in names]).cast("array<string>")
@@ -171,14 +174,18 @@ def _sketch_columns(metrics: Sequence[MetricPlan]) -> list[tuple[SketchKind, int
 
 def base_cells(events: DataFrame, metrics: Sequence[MetricPlan]) -> DataFrame:
     """Every metric's base-window cells of the given events: the plain columns and the
-    sketch columns `<kind>_<i>`, built by the registry's Spark partial aggregates.
+    sketch columns `<kind>_<i>`, built by the registry's Spark partial aggregates. `metrics`
+    may hold rollups and session parts; the events are read for the others.
 
     The inputs are shuffled by cell start first, so each cell is aggregated in one task with
     no partial aggregation: a partial `hll_sketch_agg` hardly reduces (most cells are small)
     yet serializes and re-merges a sketch per cell and task — measured twice as slow."""
-    return (
-        metric_inputs(events, metrics)
-        .withColumn("start_ms", _floor("time_ms", "window_ms"))
+    plans = read_plans(metrics)
+    inputs = metric_inputs(events, plans, _kinds(metrics))
+    sessions = [m.name for m in plans if m.sessions is not None]
+    in_cells = inputs.where(~F.col("metric").isin(sessions)) if sessions else inputs
+    cells = (
+        in_cells.withColumn("start_ms", _floor("time_ms", "window_ms"))
         .repartition(_tasks(events), "start_ms")
         .groupBy("metric", "window_ms", "start_ms", "key")
         .agg(
@@ -187,6 +194,80 @@ def base_cells(events: DataFrame, metrics: Sequence[MetricPlan]) -> DataFrame:
                 kind.spark_partial(F.get(F.col(f"in_{kind.name}"), i)).alias(name)
                 for kind, i, name in _sketch_columns(metrics)
             ],
+        )
+    )
+    if not sessions:
+        return cells
+    in_sessions = inputs.where(F.col("metric").isin(sessions))
+    return cells.unionByName(_session_cells(in_sessions, metrics, _tasks(events)))
+
+
+def _session_cells(inputs: DataFrame, metrics: Sequence[MetricPlan], tasks: int) -> DataFrame:
+    """The base cells of the session metrics (rule 13) and of their parts, from their input
+    rows: each session's state first (one row per session: its events' states, its last
+    event), then per (key, base bucket of the sessions' first events) the metric's states
+    merged, its sessions counted and their durations aggregated (the `sessions` part) and
+    those of one event counted (the `bounces` part; no cell where there are none)."""
+    owners = [m for m in metrics if m.sessions is not None and m.session_part is None]
+    rules = {m.name: m.sessions.rule for m in owners if m.sessions is not None}
+    columns = _sketch_columns(metrics)
+    sessions = (
+        with_sessions(inputs, rules, tasks)
+        .groupBy("metric", "window_ms", "key", SESSION_COLUMN)
+        .agg(
+            *spark_plain_partial(F.col("value")),
+            *[
+                kind.spark_partial(F.get(F.col(f"in_{kind.name}"), i)).alias(name)
+                for kind, i, name in columns
+            ],
+            F.max("time_ms").alias("last_ms"),
+        )
+        .withColumn("duration", (F.col("last_ms") - F.col(SESSION_COLUMN)).cast("double"))
+    )
+    merged = sessions.groupBy(
+        "metric", "window_ms", _floor(SESSION_COLUMN, "window_ms").alias("start_ms"), "key"
+    ).agg(
+        *spark_plain_merge(),
+        *[kind.spark_merge(F.col(name)).alias(name) for kind, _, name in columns],
+        F.count(F.lit(1)).alias("_sessions"),
+        F.sum("duration").alias("_duration_sum"),
+        F.min("duration").alias("_duration_min"),
+        F.max("duration").alias("_duration_max"),
+        KLL.spark_partial(F.col("duration")).alias("_durations"),
+        F.count(F.when(F.col("count") == 1, F.lit(1))).alias("_bounces"),
+    )
+    durations = next(name for kind, i, name in columns if kind is KLL and i == 0)
+
+    def part(
+        name: SessionPartName, plain: Sequence[Column], sketches: Mapping[str, Column]
+    ) -> Column:
+        part_names = F.create_map(
+            *[F.lit(x) for m in owners for x in (m.name, session_part_name(m.name, name))]
+        )
+        nothing = F.lit(None).cast("binary")
+        return F.struct(
+            part_names[F.col("metric")].alias("metric"),
+            *[column.alias(c) for column, c in zip(plain, PLAIN_COLUMNS, strict=True)],
+            *[sketches.get(n, nothing).alias(n) for _, _, n in columns],
+        )
+
+    no_value = F.lit(None).cast("double")
+    rows = F.array(
+        F.struct(
+            F.col("metric"), *[F.col(c) for c in PLAIN_COLUMNS], *[F.col(n) for _, _, n in columns]
+        ),
+        part(
+            "sessions",
+            [F.col(f"_{c}") for c in ("sessions", "duration_sum", "duration_min", "duration_max")],
+            {durations: F.col("_durations")},
+        ),
+        part("bounces", [F.col("_bounces"), F.lit(0.0), no_value, no_value], {}),
+    )
+    return (
+        merged.select("window_ms", "start_ms", "key", F.inline(rows))
+        .where(F.col("count") > 0)
+        .select(
+            "metric", "window_ms", "start_ms", "key", *PLAIN_COLUMNS, *[n for _, _, n in columns]
         )
     )
 
@@ -214,7 +295,8 @@ def with_rollups(base: DataFrame, metrics: Sequence[MetricPlan]) -> DataFrame:
         return F.array(*rows)
 
     rest = [c for c in base.columns if c not in ("metric", "key")]
-    return base.select(F.inline(_per_metric(read_plans(metrics), as_rows)), *rest)
+    owners = [m for m in metrics if m.rollup is None]  # read plans and session parts
+    return base.select(F.inline(_per_metric(owners, as_rows)), *rest)
 
 
 def _per_metric(metrics: Sequence[MetricPlan], column: Callable[[MetricPlan], Column]) -> Column:
@@ -529,7 +611,7 @@ def aggregate_source(
         events = _counted_once(events, plans, read, is_fresh)
         cells = pa.table({})
         if metrics:
-            base = with_rollups(base_cells(events, plans), metrics)
+            base = with_rollups(base_cells(events, metrics), metrics)
             cells = cells_of(base, metrics).toArrow()
         return SourceResult(
             cells=cells,

@@ -77,10 +77,10 @@ class RunPlan(ABC):
         return SourceRead()
 
     def watermark(self, metric: MetricPlan, stream_times: Iterable[int]) -> int | None:
-        """W of `metric` after the run, from the partitions' stream times (rule 5)."""
-        return metric.windows.watermark(
-            self._served_watermark(metric), stream_times, metric.grace_ms
-        )
+        """W of `metric` after the run, from the partitions' stream times (rule 5; a session
+        metric's and its parts' by rule 13)."""
+        kind = metric.windows if metric.sessions is None else metric.sessions
+        return kind.watermark(self._served_watermark(metric), stream_times, metric.grace_ms)
 
     def seen_ids(self, settings: Settings, source: SourceConfig) -> IdLookup | None:
         """How the run finds ids an earlier run counted (None: none did)."""
@@ -251,6 +251,11 @@ def plan_run(
         served is None or served.versions != versions_of(settings.plans.values())
     ):
         log.info("run %s: served cells are of other metric versions; running full", record.id)
+        mode = "full"
+    if mode != "full" and any(m.sessions is not None for m in settings.plans.values()):
+        log.info(
+            "run %s: session metrics are recomputed by full runs only; running full", record.id
+        )
         mode = "full"
     if mode == "full":
         return FullRun(take_snapshot(settings), served)

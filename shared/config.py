@@ -312,6 +312,11 @@ class MetricConfig(_Strict):
                 "a session metric needs a key: the session key whose events form sessions, "
                 "e.g. key: [user_id]"
             )
+        if self.session is not None and self.rollups:
+            raise ValueError(
+                "a session metric takes no rollups; a query merges its keys (group_by, or no "
+                "key dimension at all)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -641,11 +646,6 @@ class Settings(BaseSettings):
                         f"{tables or 'none'}"
                     )
             _check_expressions(metric, self.source(metric.source))
-            if metric.session is not None:
-                raise ValueError(
-                    f"metric {metric.name!r}: session metrics (rule 13 in docs/semantics.md) "
-                    "are not computed by this version's layers yet; remove its `session` key"
-                )
         if any(m.lookups for m in self.metrics):
             from shared.metric_plan import compile_plan
 
@@ -723,10 +723,17 @@ def load_settings(**overrides: object) -> Settings:
     if path is not None and not Path(path).is_file():
         raise ConfigError(f"LAMBDA_CONFIG={path!r} does not exist; point it at the YAML config")
     try:
-        return Settings(**overrides)  # type: ignore[arg-type]
+        settings = Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
         file = ConfigFile.read(_config_path()) if Path(_config_path()).is_file() else None
         raise ConfigError(describe_validation_error(exc, file, overrides)) from exc
+    sessions = [m.name for m in settings.metrics if m.session is not None]
+    if sessions:  # every process of the platform starts here; a layer's tests build Settings
+        raise ConfigError(
+            f"metrics {sessions}: session metrics (rule 13 in docs/semantics.md) are not "
+            "computed by every layer of this version yet; remove their `session` key"
+        )
+    return settings
 
 
 def describe_validation_error(

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from types import MappingProxyType
+from typing import Literal
 
 import orjson
 
@@ -60,8 +61,12 @@ class MetricPlan:
     lookups: tuple[LookupPlan, ...] = ()
     """The tables joined to each event before `definitions` read it (rule 11)."""
     sessions: SessionWindows | None = None
-    """Set for a session metric (rule 13): how its key's events form sessions, bucketed by
-    their first event into `windows`."""
+    """Set for a session metric (rule 13) and its parts: how its key's events form sessions,
+    bucketed by their first event into `windows`. The metric's own cells hold its aggregations
+    over the events of the sessions starting in a bucket."""
+    session_part: SessionPart | None = None
+    """Set on a session part's own plan (`compile_session_parts`): what it counts of its
+    metric's sessions."""
 
     @property
     def base_window_ms(self) -> int:
@@ -127,6 +132,39 @@ class Rollup:
         return tuple(key[i] for i in self.positions)
 
 
+SESSION_DURATION = "duration"
+"""The value of a session metric's `sessions` part: a session's last event time minus its
+first, in ms."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPart:
+    """One part of a session metric stored as cells of its own, bucketed like the metric by
+    each session's first event (rule 13): `sessions`, whose value is each session's duration
+    in ms (count: sessions; sum, max, quantiles: of durations), or `bounces`, the sessions
+    of one event (count)."""
+
+    parent: str
+    part: SessionPartName
+
+
+SessionPartName = Literal["sessions", "bounces"]
+
+SESSION_PART_AGGREGATIONS: Mapping[SessionPartName, tuple[str, ...]] = MappingProxyType(
+    {
+        "sessions": ("count", "sum", "max", f"quantiles({SESSION_DURATION})"),
+        "bounces": ("count",),
+    }
+)
+"""What each session part aggregates (`SESSION_DURATION` is the sessions part's value)."""
+
+
+def session_part_name(metric: str, part: str) -> str:
+    """The name a session part's cells are stored under: parentheses, which a configured
+    metric name cannot hold (nor a Redis hash tag's braces)."""
+    return f"{metric}({part})"
+
+
 def rollup_name(metric: str, dims: tuple[str, ...]) -> str:
     """The name a rollup's cells are stored under: brackets, which a configured metric name
     cannot hold, so it never collides with one."""
@@ -173,6 +211,7 @@ def _version(
     source: SourceConfig,
     rollup: tuple[str, ...] | None = None,
     tables: tuple[TableConfig, ...] = (),
+    session_part: str | None = None,
 ) -> str:
     """The one hash of a metric's definition in the code base; see `MetricPlan.version`. A
     metric without rollups, computed fields, a filter or lookups hashes as it did before those
@@ -189,6 +228,8 @@ def _version(
         definition["tables"] = [t.model_dump(mode="json", exclude={"partitions"}) for t in tables]
     if rollup is not None:
         definition["rollup"] = list(rollup)
+    if session_part is not None:
+        definition["session_part"] = session_part
     digest = hashlib.sha256(orjson.dumps(definition, option=orjson.OPT_SORT_KEYS))
     return digest.hexdigest()[:12]
 
@@ -313,6 +354,41 @@ def compile_rollups(plan: MetricPlan) -> tuple[MetricPlan, ...]:
     )
 
 
+def compile_session_parts(plan: MetricPlan) -> tuple[MetricPlan, ...]:
+    """The plans of a session metric's parts (`SessionPart`); none for another metric."""
+    if plan.sessions is None:
+        return ()
+    parts = []
+    for part, aggregations in SESSION_PART_AGGREGATIONS.items():
+        config = plan.config.model_copy(
+            update={
+                "value": SESSION_DURATION if part == "sessions" else None,
+                "aggregations": aggregations,
+                "fields": (),
+                "where": None,
+                "lookups": (),
+            }
+        )
+        compiled = compile_plan(config, plan.source)
+        parts.append(
+            replace(
+                plan,
+                name=session_part_name(plan.name, part),
+                version=_version(
+                    plan.config,
+                    plan.source,
+                    tables=tuple(lookup.table for lookup in plan.lookups),
+                    session_part=part,
+                ),
+                value=compiled.value,
+                aggregations=compiled.aggregations,
+                sketch_inputs=compiled.sketch_inputs,
+                session_part=SessionPart(plan.name, part),
+            )
+        )
+    return tuple(parts)
+
+
 @lru_cache(maxsize=16)
 def compile_plans(
     sources: tuple[SourceConfig, ...],
@@ -332,13 +408,14 @@ def compile_plans(
         plan = compile_plan(metric, by_name[metric.source], tables)
         plans[plan.name] = plan
         plans.update((r.name, r) for r in compile_rollups(plan))
+        plans.update((p.name, p) for p in compile_session_parts(plan))
     return MappingProxyType(plans)
 
 
 def read_plans(plans: Iterable[MetricPlan]) -> tuple[MetricPlan, ...]:
     """The plans read from the events (every configured metric; not the rollups, which are
-    built from their parents' cells)."""
-    return tuple(p for p in plans if p.rollup is None)
+    built from their parents' cells, nor the session parts, built from their sessions)."""
+    return tuple(p for p in plans if p.rollup is None and p.session_part is None)
 
 
 def versions_of(plans: Iterable[MetricPlan]) -> dict[str, str]:

@@ -163,6 +163,10 @@ class _Metric:
     where: str | None = None
     fields: dict[str, str] = field(default_factory=dict)
     lookups: list[_Lookup] = field(default_factory=list)
+    session: tuple[int, int] | None = None
+    """(gap, max_duration) of a session metric (rule 13)."""
+    session_part: bool = False
+    """A part of a session metric: its cells come from the metric's sessions."""
 
     @property
     def defined(self) -> bool:
@@ -275,9 +279,50 @@ def _metrics(config: dict[str, Any]) -> list[_Metric]:
                 where=m.get("where"),
                 fields=dict(m.get("fields") or {}),
                 lookups=_lookups(config, m),
+                session=_session(m.get("session")),
             )
         )
+        if metrics[-1].session is not None:
+            metrics += _session_parts(metrics[-1])
     return metrics
+
+
+def _session(session: dict[str, Any] | None) -> tuple[int, int] | None:
+    if session is None:
+        return None
+    return parse_duration(session["gap"]), parse_duration(session["max_duration"])
+
+
+def _session_parts(metric: _Metric) -> list[_Metric]:
+    """A session metric's parts as the contract names them: `<m>(sessions)` (count of
+    sessions; sum, max and quantiles of their durations in ms) and `<m>(bounces)` (count of
+    sessions of one event), bucketed like the metric by each session's first event."""
+    return [
+        _Metric(
+            name=f"{metric.name}(sessions)",
+            source=metric.source,
+            key=metric.key,
+            value="duration",
+            aggregations=["count", "sum", "max", "quantiles(duration)"],
+            distinct_fields=[],
+            quantile_field="duration",
+            windows_ms=metric.windows_ms,
+            grace_ms=metric.grace_ms,
+            session_part=True,
+        ),
+        _Metric(
+            name=f"{metric.name}(bounces)",
+            source=metric.source,
+            key=metric.key,
+            value=None,
+            aggregations=["count"],
+            distinct_fields=[],
+            quantile_field=None,
+            windows_ms=metric.windows_ms,
+            grace_ms=metric.grace_ms,
+            session_part=True,
+        ),
+    ]
 
 
 # --------------------------------------------------------------------------- event validity
@@ -647,7 +692,8 @@ def _accumulate(
     stream_time: dict[tuple[str, int], int] = {}
 
     for source in sources.values():
-        source_metrics = [m for m in metrics if m.source == source.name]
+        source_metrics = [m for m in metrics if m.source == source.name and not m.session_part]
+        sessions: dict[tuple[str, Key], list[tuple[int, _Fields]]] = {}
         seen_ids: set[str] = set()
         ordered = sorted(
             (r for r in records if r.topic == source.topic),
@@ -700,19 +746,51 @@ def _accumulate(
                     if base_end + metric.grace_ms <= as_of or (w is not None and base_end <= w):
                         _bump(late, metric.name)
                         continue
-                key, value, distinct, quantile = fields
+                if metric.session is not None:
+                    if late_rule:
+                        raise ValueError("the oracle sessionizes the batch's events only")
+                    sessions.setdefault((metric.name, fields[0]), []).append((event_time, fields))
+                    continue
                 sizes = [metric.base_ms] if base_only else metric.windows_ms
                 for size in sizes:
-                    cell = (metric.name, size, window_start(event_time, size), key)
-                    acc = accs.setdefault(cell, _Acc())
-                    acc.count += 1
-                    if value is not None:
-                        acc.values.append(value)
-                    for name, text in distinct.items():
-                        acc.distinct.setdefault(name, set()).add(text)
-                    if quantile is not None:
-                        acc.quantile_values.append(quantile)
+                    _add(
+                        accs, (metric.name, size, window_start(event_time, size), fields[0]), fields
+                    )
+        by_name = {m.name: m for m in metrics}
+        for (name, key), timed in sessions.items():
+            metric = by_name[name]
+            assert metric.session is not None
+            gap, longest = metric.session
+            timed.sort(key=lambda pair: pair[0])
+            for session in sessionize([t for t, _ in timed], gap, longest):
+                inside = [f for t, f in timed if session.first <= t <= session.last]
+                duration = float(session.last - session.first)
+                sizes = [metric.base_ms] if base_only else metric.windows_ms
+                for size in sizes:
+                    start = window_start(session.first, size)
+                    for fields in inside:
+                        _add(accs, (name, size, start, key), fields)
+                    part = (key, duration, {}, duration)
+                    _add(accs, (f"{name}(sessions)", size, start, key), part)
+                    if session.events == 1:
+                        _add(accs, (f"{name}(bounces)", size, start, key), (key, None, {}, None))
     return accs, malformed, skipped, late, duplicates, stream_time, table_malformed
+
+
+_Fields = tuple[Any, float | None, dict[str, str], float | None]
+"""An event's (key, value, distinct texts by field, quantile value) for one metric."""
+
+
+def _add(accs: dict[Cell, _Acc], cell: Cell, fields: _Fields) -> None:
+    _key, value, distinct, quantile = fields
+    acc = accs.setdefault(cell, _Acc())
+    acc.count += 1
+    if value is not None:
+        acc.values.append(value)
+    for name, text in distinct.items():
+        acc.distinct.setdefault(name, set()).add(text)
+    if quantile is not None:
+        acc.quantile_values.append(quantile)
 
 
 def _finish(metric: _Metric, acc: _Acc, fractions: Sequence[Decimal]) -> dict[str, float | int]:

@@ -3,7 +3,8 @@ view the way a reader does (one REPEATABLE READ snapshot), compare with the orac
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -18,7 +19,9 @@ from shared.db.cells import CELL_COLUMNS, BatchCell
 from shared.db.connect import connect
 from shared.db.runs import RunRecord, RunRequest, get_run, queue_run
 from shared.db.served import ServedView, read_served
+from shared.kafka import create_topics
 from tests import oracle
+from tests.conftest import Platform, reconfigured
 
 MINUTE = 60_000
 HOUR = 60 * MINUTE
@@ -74,6 +77,31 @@ def run_record(settings: Settings, run_id: int) -> RunRecord:
         record = get_run(conn, run_id)
     assert record is not None
     return record
+
+
+def full_run_of(
+    platform: Platform,
+    spark: Any,
+    metrics: list[dict[str, Any]],
+    extra: Callable[[int], list[tuple[bytes, bytes]]],
+    seed: int,
+) -> tuple[Platform, RunRecord, int]:
+    """A world of `metrics` holding the sample history (3,000 events from 3 h to 1 h ago) and
+    the records `extra` gives for the current minute, fully run: (world, its run's record,
+    that minute in epoch ms)."""
+    from batch_layer import run_full
+
+    world = reconfigured(platform, metrics=metrics)
+    settings = world.settings
+    create_topics(settings)
+    now = int(time.time() * 1000) // MINUTE * MINUTE
+    produce_spec(settings, GeneratorSpec(now - 3 * HOUR, now - HOUR, 3000, seed=seed))
+    produce_raw(settings, extra(now))
+    run_id = queue(settings, RunRequest("full"))
+    run_full(settings, spark, run_id)
+    record = run_record(settings, run_id)
+    assert record.status == "succeeded", record
+    return world, record, now
 
 
 def read_view(

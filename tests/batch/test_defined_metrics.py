@@ -5,26 +5,17 @@ sample history plus events built to hit every way an expression or an input can 
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
 
-from batch_layer import run_full
-from lambdactl.generator import GeneratorSpec
-from shared.db.runs import RunRequest
-from shared.kafka import create_topics
 from tests import oracle
 from tests.batch.helpers import (
     HOUR,
-    MINUTE,
+    full_run_of,
     oracle_mismatches,
-    produce_raw,
-    produce_spec,
-    queue,
-    run_record,
 )
-from tests.conftest import Platform, reconfigured
+from tests.conftest import Platform
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
 
@@ -95,17 +86,10 @@ def _hostile(ts: int) -> list[tuple[bytes, bytes]]:
 
 
 def test_a_full_run_of_defined_metrics_equals_the_oracle(platform: Platform, spark: Any) -> None:
-    world = reconfigured(platform, metrics=METRICS)
+    world, record, _ = full_run_of(
+        platform, spark, METRICS, lambda now: _hostile(now - 2 * HOUR), seed=27
+    )
     settings = world.settings
-    create_topics(settings)
-    now = int(time.time() * 1000) // MINUTE * MINUTE
-    produce_spec(settings, GeneratorSpec(now - 3 * HOUR, now - HOUR, 3000, seed=27))
-    produce_raw(settings, _hostile(now - 2 * HOUR))
-    run_id = queue(settings, RunRequest("full"))
-    run_full(settings, spark, run_id)
-    record = run_record(settings, run_id)
-    assert record.status == "succeeded", record
-
     assert oracle_mismatches(settings, world.config) == []
     records = oracle.read_topic(settings.kafka.bootstrap_servers, settings.sources[0].topic)
     expected = oracle.compute(world.config, records)

@@ -667,5 +667,5 @@ def test_a_valid_session_metric_is_refused_until_the_layers_compute_sessions(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     message = config_error(monkeypatch, tmp_path, _session_metric(gap="30m", max_duration="12h"))
-    assert "'views_by_page': session metrics" in message
-    assert "not computed by this version's layers yet" in message
+    assert "metrics ['views_by_page']: session metrics" in message
+    assert "not computed by every layer of this version yet" in message
