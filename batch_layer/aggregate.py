@@ -23,7 +23,7 @@ from batch_layer.defined_inputs import (
 from batch_layer.errors import UnpackablePositionError
 from batch_layer.raw_reads import JoinRead
 from batch_layer.rebuild_index import HISTORY_BUCKET_MS, RebuildIndex, next_rebuild_index
-from batch_layer.sessions import SESSION_COLUMN, with_sessions
+from batch_layer.sessions import DURATION_COLUMN, SESSION_COLUMN, with_sessions
 from shared.aggregations import (
     KLL,
     PLAIN_COLUMNS,
@@ -32,7 +32,13 @@ from shared.aggregations import (
     spark_plain_partial,
 )
 from shared.config import SourceConfig
-from shared.metric_plan import MetricPlan, SessionPartName, read_plans, session_part_name
+from shared.metric_plan import (
+    SESSION_WINDOW_MS,
+    MetricPlan,
+    SessionPartName,
+    read_plans,
+    session_part_name,
+)
 
 
 @dataclass(frozen=True)
@@ -204,13 +210,16 @@ def base_cells(events: DataFrame, metrics: Sequence[MetricPlan]) -> DataFrame:
 
 def _session_cells(inputs: DataFrame, metrics: Sequence[MetricPlan], tasks: int) -> DataFrame:
     """The base cells of the session metrics (rule 13) and of their parts, from their input
-    rows: each session's state first (one row per session: its events' states, its last
-    event), then per (key, base bucket of the sessions' first events) the metric's states
-    merged, its sessions counted and their durations aggregated (the `sessions` part) and
-    those of one event counted (the `bounces` part; no cell where there are none)."""
+    rows. Each session's state first (its events' states, its duration and a sketch of it),
+    stored as a cell of its own (`SESSION_WINDOW_MS`) of the metric and of its `sessions`
+    part; then per (key, base bucket of the sessions' first events) the metric's states
+    merged, the sessions counted and their durations aggregated (`sessions`) and those of one
+    event counted (`bounces`; no cell where there are none)."""
     owners = [m for m in metrics if m.sessions is not None and m.session_part is None]
     rules = {m.name: m.sessions.rule for m in owners if m.sessions is not None}
     columns = _sketch_columns(metrics)
+    names = [name for _, _, name in columns]
+    durations = next(name for kind, i, name in columns if kind is KLL and i == 0)
     sessions = (
         with_sessions(inputs, rules, tasks)
         .groupBy("metric", "window_ms", "key", SESSION_COLUMN)
@@ -220,27 +229,12 @@ def _session_cells(inputs: DataFrame, metrics: Sequence[MetricPlan], tasks: int)
                 kind.spark_partial(F.get(F.col(f"in_{kind.name}"), i)).alias(name)
                 for kind, i, name in columns
             ],
-            F.max("time_ms").alias("last_ms"),
+            F.max(DURATION_COLUMN).cast("double").alias("_duration"),
+            KLL.spark_partial(F.col(DURATION_COLUMN).cast("double")).alias("_durations"),
         )
-        .withColumn("duration", (F.col("last_ms") - F.col(SESSION_COLUMN)).cast("double"))
     )
-    merged = sessions.groupBy(
-        "metric", "window_ms", _floor(SESSION_COLUMN, "window_ms").alias("start_ms"), "key"
-    ).agg(
-        *spark_plain_merge(),
-        *[kind.spark_merge(F.col(name)).alias(name) for kind, _, name in columns],
-        F.count(F.lit(1)).alias("_sessions"),
-        F.sum("duration").alias("_duration_sum"),
-        F.min("duration").alias("_duration_min"),
-        F.max("duration").alias("_duration_max"),
-        KLL.spark_partial(F.col("duration")).alias("_durations"),
-        F.count(F.when(F.col("count") == 1, F.lit(1))).alias("_bounces"),
-    )
-    durations = next(name for kind, i, name in columns if kind is KLL and i == 0)
 
-    def part(
-        name: SessionPartName, plain: Sequence[Column], sketches: Mapping[str, Column]
-    ) -> Column:
+    def part(name: SessionPartName, plain: Sequence[Column], sketch: Column | None) -> Column:
         part_names = F.create_map(
             *[F.lit(x) for m in owners for x in (m.name, session_part_name(m.name, name))]
         )
@@ -248,27 +242,63 @@ def _session_cells(inputs: DataFrame, metrics: Sequence[MetricPlan], tasks: int)
         return F.struct(
             part_names[F.col("metric")].alias("metric"),
             *[column.alias(c) for column, c in zip(plain, PLAIN_COLUMNS, strict=True)],
-            *[sketches.get(n, nothing).alias(n) for _, _, n in columns],
+            *[
+                (sketch if n == durations and sketch is not None else nothing).alias(n)
+                for n in names
+            ],
         )
 
-    no_value = F.lit(None).cast("double")
-    rows = F.array(
-        F.struct(
-            F.col("metric"), *[F.col(c) for c in PLAIN_COLUMNS], *[F.col(n) for _, _, n in columns]
+    own = F.struct(F.col("metric"), *[F.col(c) for c in PLAIN_COLUMNS], *map(F.col, names))
+    duration = F.col("_duration")
+    each = sessions.select(
+        F.lit(SESSION_WINDOW_MS).cast("bigint").alias("window_ms"),
+        F.col(SESSION_COLUMN).alias("start_ms"),
+        "key",
+        F.inline(
+            F.array(
+                own,
+                part(
+                    "sessions",
+                    [F.lit(1).cast("bigint"), duration, duration, duration],
+                    F.col("_durations"),
+                ),
+            )
         ),
-        part(
-            "sessions",
-            [F.col(f"_{c}") for c in ("sessions", "duration_sum", "duration_min", "duration_max")],
-            {durations: F.col("_durations")},
-        ),
-        part("bounces", [F.col("_bounces"), F.lit(0.0), no_value, no_value], {}),
     )
-    return (
-        merged.select("window_ms", "start_ms", "key", F.inline(rows))
-        .where(F.col("count") > 0)
-        .select(
-            "metric", "window_ms", "start_ms", "key", *PLAIN_COLUMNS, *[n for _, _, n in columns]
-        )
+    merged = sessions.groupBy(
+        "metric", "window_ms", _floor(SESSION_COLUMN, "window_ms").alias("start_ms"), "key"
+    ).agg(
+        *spark_plain_merge(),
+        *[kind.spark_merge(F.col(name)).alias(name) for kind, _, name in columns],
+        F.count(F.lit(1)).alias("_sessions"),
+        F.sum("_duration").alias("_duration_sum"),
+        F.min("_duration").alias("_duration_min"),
+        F.max("_duration").alias("_duration_max"),
+        KLL.spark_merge(F.col("_durations")).alias("_durations"),
+        F.count(F.when(F.col("count") == 1, F.lit(1))).alias("_bounces"),
+    )
+    no_value = F.lit(None).cast("double")
+    buckets = merged.select(
+        "window_ms",
+        "start_ms",
+        "key",
+        F.inline(
+            F.array(
+                own,
+                part(
+                    "sessions",
+                    [
+                        F.col(f"_{c}")
+                        for c in ("sessions", "duration_sum", "duration_min", "duration_max")
+                    ],
+                    F.col("_durations"),
+                ),
+                part("bounces", [F.col("_bounces"), F.lit(0.0), no_value, no_value], None),
+            )
+        ),
+    ).where(F.col("count") > 0)
+    return each.unionByName(buckets).select(
+        "metric", "window_ms", "start_ms", "key", *PLAIN_COLUMNS, *names
     )
 
 
@@ -328,16 +358,22 @@ def cells_of(base: DataFrame, metrics: Sequence[MetricPlan]) -> DataFrame:
             picked.append(of(kind, f"{kind.name}_{index}"))
         return F.array(*picked).cast(f"array<{kind_type}>")
 
+    sizes = _per_metric(metrics, _window_sizes)
+    start = _floor("start_ms", "window_ms")
+    if any(m.sessions is not None for m in metrics):  # a session's own cell stays as it is
+        one = F.col("window_ms") == F.lit(SESSION_WINDOW_MS)
+        sizes = F.when(one, F.array(F.lit(SESSION_WINDOW_MS).cast("bigint"))).otherwise(sizes)
+        start = F.when(one, F.col("start_ms")).otherwise(start)
     return (
         base.select(
             "metric",
-            F.explode(_per_metric(metrics, _window_sizes)).alias("window_ms"),
+            F.explode(sizes).alias("window_ms"),
             "start_ms",
             "key",
             *PLAIN_COLUMNS,
             *names,
         )
-        .withColumn("start_ms", _floor("start_ms", "window_ms"))
+        .withColumn("start_ms", start)
         .groupBy("metric", "window_ms", "start_ms", "key")
         .agg(
             *spark_plain_merge(),

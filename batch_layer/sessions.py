@@ -20,7 +20,11 @@ from pyspark.sql.types import LongType, StructField, StructType
 from shared.sessions import SessionRule, session_firsts
 
 SESSION_COLUMN = "session_ms"
-"""The column `with_sessions` adds: the time of the first event of the row's session."""
+"""A column `with_sessions` adds: the time of the first event of the row's session."""
+DURATION_COLUMN = "session_duration_ms"
+"""A column `with_sessions` adds: the row's session's duration (last event time minus first)
+on one row of each session, null on the others, so an aggregate over it sees each session
+once."""
 
 _GROUP = "_session_group"
 SEPARATOR = "\x00"
@@ -30,14 +34,18 @@ metric name or key dimension holds a NUL (rule 1's validity, `shared.events`).""
 
 def with_sessions(inputs: DataFrame, rules: Mapping[str, SessionRule], tasks: int) -> DataFrame:
     """`inputs` (rows with `metric`, `key` and `time_ms`, of the metrics in `rules` only) with
-    `session_ms` added, in `tasks` partitions by (metric, key)."""
+    `session_ms` and `session_duration_ms` added, in `tasks` partitions by (metric, key)."""
     if not rules:
         raise ValueError("no session metric to sessionize")
     grouped = inputs.withColumn(
         _GROUP, F.concat_ws(SEPARATOR, F.col("metric"), F.array_join(F.col("key"), SEPARATOR))
     )
     schema = StructType(
-        [*grouped.schema.fields, StructField(SESSION_COLUMN, LongType(), nullable=False)]
+        [
+            *grouped.schema.fields,
+            StructField(SESSION_COLUMN, LongType(), nullable=False),
+            StructField(DURATION_COLUMN, LongType(), nullable=True),
+        ]
     )
     sessionize = _Sessionize(dict(rules))
     return (
@@ -90,4 +98,9 @@ class _Sessionize:
             mine = metrics == name
             if mine.any():
                 firsts[mine] = session_firsts(times[mine], new_group[mine], rule)
-        return rows.append_column(SESSION_COLUMN, pa.array(firsts, pa.int64()))
+        ends = np.ones(len(rows), dtype=np.bool_)  # the last row of its session
+        ends[:-1] = new_group[1:] | (firsts[1:] != firsts[:-1])
+        durations = pa.array(times - firsts, pa.int64(), mask=~ends)
+        return rows.append_column(SESSION_COLUMN, pa.array(firsts, pa.int64())).append_column(
+            DURATION_COLUMN, durations
+        )

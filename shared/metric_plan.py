@@ -159,6 +159,12 @@ SESSION_PART_AGGREGATIONS: Mapping[SessionPartName, tuple[str, ...]] = MappingPr
 """What each session part aggregates (`SESSION_DURATION` is the sessions part's value)."""
 
 
+SESSION_WINDOW_MS = 0
+"""The `window_ms` of a stored cell holding one session of a session metric or of its
+`sessions` part (rule 13), started by the session's first event: what a key's sessions are
+read from."""
+
+
 def session_part_name(metric: str, part: str) -> str:
     """The name a session part's cells are stored under: parentheses, which a configured
     metric name cannot hold (nor a Redis hash tag's braces)."""

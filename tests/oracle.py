@@ -765,15 +765,19 @@ def _accumulate(
             for session in sessionize([t for t, _ in timed], gap, longest):
                 inside = [f for t, f in timed if session.first <= t <= session.last]
                 duration = float(session.last - session.first)
+                part = (key, duration, {}, duration)
                 sizes = [metric.base_ms] if base_only else metric.windows_ms
                 for size in sizes:
                     start = window_start(session.first, size)
                     for fields in inside:
                         _add(accs, (name, size, start, key), fields)
-                    part = (key, duration, {}, duration)
                     _add(accs, (f"{name}(sessions)", size, start, key), part)
                     if session.events == 1:
                         _add(accs, (f"{name}(bounces)", size, start, key), (key, None, {}, None))
+                if not base_only:  # the session itself, stored as a cell of window 0
+                    for fields in inside:
+                        _add(accs, (name, 0, session.first, key), fields)
+                    _add(accs, (f"{name}(sessions)", 0, session.first, key), part)
     return accs, malformed, skipped, late, duplicates, stream_time, table_malformed
 
 

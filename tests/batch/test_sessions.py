@@ -15,7 +15,7 @@ import pytest
 from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
 
 from batch_layer import execute_run
-from batch_layer.sessions import SESSION_COLUMN, with_sessions
+from batch_layer.sessions import DURATION_COLUMN, SESSION_COLUMN, with_sessions
 from shared.db.runs import RunRequest
 from shared.sessions import SessionRule
 from tests.batch.helpers import (
@@ -67,19 +67,33 @@ def test_every_row_is_in_its_oracle_session(spark: Any, batch_rows: int) -> None
     with spark_conf(spark, {"spark.sql.execution.arrow.maxRecordsPerBatch": str(batch_rows)}):
         result = with_sessions(frame, RULES, tasks=4).collect()
     assert len(result) == len(rows)
-    assert set(result[0].asDict()) == {"metric", "key", "time_ms", "value", SESSION_COLUMN}
+    assert set(result[0].asDict()) == {
+        "metric",
+        "key",
+        "time_ms",
+        "value",
+        SESSION_COLUMN,
+        DURATION_COLUMN,
+    }
     times: dict[tuple[str, tuple[str, ...]], list[int]] = defaultdict(list)
     for metric, key, time_ms, _ in rows:
         times[metric, tuple(key)].append(time_ms)
     expected: dict[tuple[str, tuple[str, ...], int], int] = {}
+    durations: dict[tuple[str, tuple[str, ...], int], list[int]] = {}
     for (metric, key), group in times.items():
         rule = RULES[metric]
         for session in sessionize(group, rule.gap_ms, rule.max_duration_ms):
+            durations[metric, key, session.first] = [session.last - session.first]
             for t in group:
                 if session.first <= t <= session.last:
                     expected[metric, key, t] = session.first
     got = {(r.metric, tuple(r.key), r.time_ms): r[SESSION_COLUMN] for r in result}
     assert got == expected
+    given: dict[tuple[str, tuple[str, ...], int], list[int]] = defaultdict(list)
+    for r in result:
+        if r[DURATION_COLUMN] is not None:
+            given[r.metric, tuple(r.key), r[SESSION_COLUMN]].append(r[DURATION_COLUMN])
+    assert given == durations, "one row of each session carries its duration"
     busy = {v for (metric, key, _), v in got.items() if key == ("busy",)}
     assert busy == set(range(0, 1_000_000, 120_000))
 
