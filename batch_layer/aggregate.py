@@ -210,11 +210,11 @@ def base_cells(events: DataFrame, metrics: Sequence[MetricPlan]) -> DataFrame:
 
 def _session_cells(inputs: DataFrame, metrics: Sequence[MetricPlan], tasks: int) -> DataFrame:
     """The base cells of the session metrics (rule 13) and of their parts, from their input
-    rows. Each session's state first (its events' states, its duration and a sketch of it),
-    stored as a cell of its own (`SESSION_WINDOW_MS`) of the metric and of its `sessions`
-    part; then per (key, base bucket of the sessions' first events) the metric's states
-    merged, the sessions counted and their durations aggregated (`sessions`) and those of one
-    event counted (`bounces`; no cell where there are none)."""
+    rows, in one aggregation: each session's state (its events' states, its duration and a
+    sketch of it) becomes a cell of its own (`SESSION_WINDOW_MS`) of the metric and of its
+    `sessions` part, and base-bucket rows (of the bucket of its first event) of the metric,
+    of `sessions` (one session, its duration) and, for a session of one event, of `bounces`,
+    which `cells_of` merges per bucket like any base cells."""
     owners = [m for m in metrics if m.sessions is not None and m.session_part is None]
     rules = {m.name: m.sessions.rule for m in owners if m.sessions is not None}
     columns = _sketch_columns(metrics)
@@ -233,73 +233,47 @@ def _session_cells(inputs: DataFrame, metrics: Sequence[MetricPlan], tasks: int)
             KLL.spark_partial(F.col(DURATION_COLUMN).cast("double")).alias("_durations"),
         )
     )
+    one = (F.lit(SESSION_WINDOW_MS).cast("bigint"), F.col(SESSION_COLUMN))
+    bucket = (F.col("window_ms"), _floor(SESSION_COLUMN, "window_ms"))
+    nothing = F.lit(None).cast("binary")
 
-    def part(name: SessionPartName, plain: Sequence[Column], sketch: Column | None) -> Column:
-        part_names = F.create_map(
-            *[F.lit(x) for m in owners for x in (m.name, session_part_name(m.name, name))]
-        )
-        nothing = F.lit(None).cast("binary")
+    def row(
+        metric: Column,
+        at: tuple[Column, Column],
+        plain: Sequence[Column],
+        sketches: Callable[[str], Column],
+    ) -> Column:
         return F.struct(
-            part_names[F.col("metric")].alias("metric"),
+            metric.alias("metric"),
+            at[0].alias("window_ms"),
+            at[1].alias("start_ms"),
             *[column.alias(c) for column, c in zip(plain, PLAIN_COLUMNS, strict=True)],
-            *[
-                (sketch if n == durations and sketch is not None else nothing).alias(n)
-                for n in names
-            ],
+            *[sketches(n).alias(n) for n in names],
         )
 
-    own = F.struct(F.col("metric"), *[F.col(c) for c in PLAIN_COLUMNS], *map(F.col, names))
+    def part_of(part: SessionPartName) -> Column:
+        return F.create_map(
+            *[F.lit(x) for m in owners for x in (m.name, session_part_name(m.name, part))]
+        )[F.col("metric")]
+
+    own = [F.col(c) for c in PLAIN_COLUMNS]
     duration = F.col("_duration")
-    each = sessions.select(
-        F.lit(SESSION_WINDOW_MS).cast("bigint").alias("window_ms"),
-        F.col(SESSION_COLUMN).alias("start_ms"),
-        "key",
-        F.inline(
-            F.array(
-                own,
-                part(
-                    "sessions",
-                    [F.lit(1).cast("bigint"), duration, duration, duration],
-                    F.col("_durations"),
-                ),
-            )
-        ),
-    )
-    merged = sessions.groupBy(
-        "metric", "window_ms", _floor(SESSION_COLUMN, "window_ms").alias("start_ms"), "key"
-    ).agg(
-        *spark_plain_merge(),
-        *[kind.spark_merge(F.col(name)).alias(name) for kind, _, name in columns],
-        F.count(F.lit(1)).alias("_sessions"),
-        F.sum("_duration").alias("_duration_sum"),
-        F.min("_duration").alias("_duration_min"),
-        F.max("_duration").alias("_duration_max"),
-        KLL.spark_merge(F.col("_durations")).alias("_durations"),
-        F.count(F.when(F.col("count") == 1, F.lit(1))).alias("_bounces"),
-    )
+    spans = [F.lit(1).cast("bigint"), duration, duration, duration]
     no_value = F.lit(None).cast("double")
-    buckets = merged.select(
-        "window_ms",
-        "start_ms",
-        "key",
-        F.inline(
-            F.array(
-                own,
-                part(
-                    "sessions",
-                    [
-                        F.col(f"_{c}")
-                        for c in ("sessions", "duration_sum", "duration_min", "duration_max")
-                    ],
-                    F.col("_durations"),
-                ),
-                part("bounces", [F.col("_bounces"), F.lit(0.0), no_value, no_value], None),
-            )
-        ),
-    ).where(F.col("count") > 0)
-    return each.unionByName(buckets).select(
-        "metric", "window_ms", "start_ms", "key", *PLAIN_COLUMNS, *names
-    )
+    bounce = [F.lit(1).cast("bigint"), F.lit(0.0), no_value, no_value]
+    rows = [row(F.col("metric"), at, own, F.col) for at in (one, bucket)] + [
+        row(
+            part_of("sessions"),
+            at,
+            spans,
+            lambda n: F.col("_durations") if n == durations else nothing,
+        )
+        for at in (one, bucket)
+    ]
+    single = F.when(F.col("count") == 1, row(part_of("bounces"), bucket, bounce, lambda _: nothing))
+    return sessions.select(
+        "key", F.inline(F.filter(F.array(*rows, single), lambda r: r.isNotNull()))
+    ).select("metric", "window_ms", "start_ms", "key", *PLAIN_COLUMNS, *names)
 
 
 def with_rollups(base: DataFrame, metrics: Sequence[MetricPlan]) -> DataFrame:

@@ -2,7 +2,7 @@
 an incremental run for one new hour on top of 1x and 10x history (rule 7: cost follows new
 data, not history); optionally beside plain Spark jobs over the same data (`--peers`), with
 the metrics' inputs defined by expressions (`--expressions`) and with a metric joined with a
-lookup table (`--lookups`).
+lookup table (`--lookups`) or with a session metric beside them (`--sessions`).
 
     .venv/bin/python bench/batch.py --quick     # 1x = 100k, 10x = 1M events (~6 min)
     .venv/bin/python bench/batch.py             # 1x = 1M, 10x = 10M events
@@ -10,6 +10,7 @@ lookup table (`--lookups`).
     .venv/bin/python bench/batch.py --malformed 0.005   # one record in 200 malformed (the soak's)
     .venv/bin/python bench/batch.py --quick --peers --expressions   # ~15 min
     .venv/bin/python bench/batch.py --quick --lookups --expressions   # ~10 min
+    .venv/bin/python bench/batch.py --events 10000000 --sessions   # ~20 min
 
 History is spread over 24 h of event time; the new hour holds 1/24 of the 1x history. Each run
 executes in one Spark session started up front, so session start-up is not in any figure.
@@ -78,6 +79,13 @@ own), and its stages (the join is planned into the first action: its time is in
 `read_decode`, with the table's read), Spark actions and Spark jobs on lines of their own;
 `failed` as above. Like the expressions' run, its metric has fewer keys (sections, not
 pages), so fewer cells than the full run's: its `cells` and `publish` stages are shorter.
+
+`--sessions`: likewise a full run over the same topic in a database of its own, with the
+bench's metrics and a session metric beside them (`SESSION_METRIC`: sessions per user, gap
+30m, cut at 4h, rule 13): every event is read for it too, sessionized per user and stored as
+its cells, its parts' cells and one cell per session. Adds `sessions_events_per_s=<n>`,
+`sessions_ratio=<r>` (over the full run's events/s; #29 asks at least 0.6), `sessions_cpu_s`,
+`sessions_cpu_ratio` and its stages, as above.
 """
 
 from __future__ import annotations
@@ -213,6 +221,19 @@ LOOKUP = {
     "key": ["section"],
 }
 """`--lookups`: the per-page metric's join with the table and the key it reads from it."""
+SESSION_METRIC: dict[str, Any] = {
+    "name": "user_sessions",
+    "source": "pageviews",
+    "key": ["user_id"],
+    "value": "latency_ms",
+    "aggregations": ["count", "sum", "avg"],
+    "session": {"gap": "30m", "max_duration": "4h"},
+    "windows": ["1h", "1d"],
+    "grace": "2m",
+}
+"""`--sessions`: the session metric run beside the bench's metrics."""
+
+
 SECTIONS = ["news", "sport", "tech", "culture", "business", "travel", "science", "opinion"]
 
 
@@ -281,9 +302,11 @@ def make_world(
     topic_of: str | None = None,
     expressions: bool = False,
     lookups: bool = False,
+    sessions: bool = False,
 ) -> World:
     """A database of its own and the topics of `tag`, or those of the world `topic_of` (tag);
-    `lookups`: and the table topic `pages-<tag>` (`with_lookups`)."""
+    `lookups`: and the table topic `pages-<tag>` (`with_lookups`); `sessions`: with
+    `SESSION_METRIC` too."""
     dbname = f"lp_bench_{tag}"
     with psycopg.connect(base.postgres.url, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
@@ -294,6 +317,8 @@ def make_world(
         platform = with_expressions(platform)
     if lookups:
         platform = with_lookups(platform, f"pages-{tag}")
+    if sessions:
+        platform = {**platform, "metrics": [*platform["metrics"], SESSION_METRIC]}
     config: dict[str, Any] = {
         **platform,
         "kafka": {"bootstrap_servers": base.kafka.bootstrap_servers},
@@ -466,6 +491,11 @@ def main() -> None:
         help="also a full run over the 10x history with a metric joined with a table (rule 11)",
     )
     parser.add_argument(
+        "--sessions",
+        action="store_true",
+        help="also a full run over the 10x history with a session metric beside (rule 13)",
+    )
+    parser.add_argument(
         "--table-keys", type=int, default=100_000, help="--lookups' table size (keys)"
     )
     parser.add_argument("--table-versions", type=int, default=3, help="--lookups' versions per key")
@@ -481,7 +511,7 @@ def main() -> None:
     print(f"spark session start-up {time.monotonic() - started:.1f} s (not counted)", flush=True)
     now = int(time.time() * 1000) // HOUR * HOUR
     worlds = [make_world(base, f"{tag}x{n}", not args.no_quantiles) for n in (1, 10)]
-    expr_world = lookup_world = None
+    expr_world = lookup_world = session_world = None
     if args.expressions:
         expr_world = make_world(
             base, f"{tag}x10e", not args.no_quantiles, topic_of=f"{tag}x10", expressions=True
@@ -492,6 +522,11 @@ def main() -> None:
             base, f"{tag}x10l", not args.no_quantiles, topic_of=f"{tag}x10", lookups=True
         )
         worlds.append(lookup_world)
+    if args.sessions:
+        session_world = make_world(
+            base, f"{tag}x10s", not args.no_quantiles, topic_of=f"{tag}x10", sessions=True
+        )
+        worlds.append(session_world)
     parquet = tempfile.mkdtemp(prefix="lambda-bench-plain-")
     rss = PeakRss()
     rss.start()
@@ -568,6 +603,17 @@ def main() -> None:
                         )
                         spark_done = time.monotonic()
                     settle.append(lookup_world.dbname)
+                if session_world is not None:
+                    for dbname in settle:
+                        wait_for_autovacuum(base, dbname)
+                    python_workers_ended(spark_done)
+                    extra.append(
+                        variant_run(
+                            spark, session_world, full, "sessions", "with a session metric"
+                        )[0]
+                    )
+                    spark_done = time.monotonic()
+                    settle.append(session_world.dbname)
             fill(world, now - HOUR, now, one_x // 24, 100 + factor, args.malformed)
             waited = sum(wait_for_autovacuum(base, db) for db in settle)
             python_workers_ended(spark_done)
@@ -704,7 +750,7 @@ def correction_run(
     )
 
 
-VARIANTS = {"expr": "expressions", "lookup": "lookup"}
+VARIANTS = {"expr": "expressions", "lookup": "lookup", "sessions": "sessions"}
 """A variant run's BENCH prefix -> its name in the log."""
 
 
