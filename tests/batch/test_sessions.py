@@ -176,6 +176,10 @@ def test_a_full_run_of_session_metrics_equals_the_oracle(platform: Platform, spa
     w_views = served.watermark(views.name, views.version)
     assert w_visits is not None and w_views is not None
     assert w_views - w_visits >= 31 * MINUTE, "a session metric's W lags by max_duration + grace"
+    for part in ("visits(sessions)", "visits(bounces)"):
+        plan = settings.plan(part)
+        assert plan is not None
+        assert served.watermark(part, plan.version) == w_visits, "a part's W is its metric's"
 
     # A late event bridging two of those sessions, and a run asked to be incremental: the
     # session metrics are recomputed whole (by a full run) and still equal the oracle.
@@ -183,4 +187,5 @@ def test_a_full_run_of_session_metrics_equals_the_oracle(platform: Platform, spa
     again = queue(settings, RunRequest("incremental"))
     execute_run(settings, spark, again)
     assert run_record(settings, again).status == "succeeded"
+    assert run_record(settings, again).executed_mode == "full"
     assert oracle_mismatches(settings, world.config) == []

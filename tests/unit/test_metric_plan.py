@@ -282,3 +282,28 @@ def test_a_session_metric_plans_its_rule_and_buckets_and_has_a_version_of_its_ow
     assert plan.windows.sizes_ms == (HOUR, DAY)
     assert compile_plan(plain, source).sessions is None
     assert plan.version != compile_plan(plain, source).version
+
+
+def test_a_session_metric_has_two_parts_of_their_own_built_from_its_sessions() -> None:
+    source = SourceConfig(name="clicks", topic="clicks", time_field="ts", id_field="id")
+    session = SessionConfig(gap=30 * MIN, max_duration=12 * HOUR)
+    visits = MetricConfig(
+        name="visits",
+        source="clicks",
+        key=("user",),
+        value="ms",
+        windows=(HOUR,),
+        aggregations=("count", "sum", "distinct(page)"),
+        session=session,
+    )
+    plans = compile_plans((source,), (visits,))
+    assert list(plans) == ["visits", "visits(sessions)", "visits(bounces)"]
+    assert [p.name for p in read_plans(plans.values())] == ["visits"], "parts are not read"
+    parts = [plans["visits(sessions)"], plans["visits(bounces)"]]
+    assert parts[0].output_names == ("count", "sum", "max", "p50", "p90", "p99")
+    assert parts[1].output_names == ("count",)
+    assert all(p.sessions == plans["visits"].sessions and p.key == ("user",) for p in parts)
+    assert len({plans["visits"].version, *(p.version for p in parts)}) == 3
+    longer = visits.model_copy(update={"session": session.model_copy(update={"gap": HOUR})})
+    again = compile_plans((source,), (longer,))
+    assert all(again[p.name].version != p.version for p in parts), "the gap is in the version"
