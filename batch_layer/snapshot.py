@@ -3,27 +3,67 @@ offset, taken once per run."""
 
 from __future__ import annotations
 
-from confluent_kafka import IsolationLevel, TopicPartition
+import logging
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
+
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
 from shared.config import Settings
 from shared.kafka import admin_client
 
+log = logging.getLogger(__name__)
+
 Snapshot = dict[str, dict[str, int]]
 """topic -> partition (as text, JSON-friendly) -> first offset not covered."""
+
+
+SNAPSHOT_ATTEMPT_S = 10.0
+"""How long one request for the partitions' offsets may take before it is asked again: a
+leader killed while the request is in flight never answers, and a new request finds the
+partition's new leader."""
+SNAPSHOT_PATIENCE_S = 120.0
+"""How long the snapshot keeps asking after a timeout or a retriable error (a leader
+election takes seconds) before the run fails with it."""
 
 
 def take_snapshot(settings: Settings) -> Snapshot:
     admin = admin_client(settings)
     topics = [(s.topic, s.partitions) for s in settings.sources]
     topics += [(t.topic, t.partitions) for t in settings.tables]
-    wanted = {
-        TopicPartition(topic, p): OffsetSpec.latest()
-        for topic, partitions in topics
-        for p in range(partitions)
-    }
-    futures = admin.list_offsets(wanted, isolation_level=IsolationLevel.READ_COMMITTED)
+    pending = [TopicPartition(topic, p) for topic, partitions in topics for p in range(partitions)]
     snapshot: Snapshot = {topic: {} for topic, _ in topics}
-    for tp, future in futures.items():
-        snapshot[tp.topic][str(tp.partition)] = future.result(timeout=30).offset
-    return snapshot
+    give_up = time.monotonic() + SNAPSHOT_PATIENCE_S
+    while True:
+        futures = admin.list_offsets(
+            {tp: OffsetSpec.latest() for tp in pending},
+            isolation_level=IsolationLevel.READ_COMMITTED,
+            request_timeout=SNAPSHOT_ATTEMPT_S,
+        )
+        again: list[TopicPartition] = []
+        for tp, future in futures.items():
+            try:
+                snapshot[tp.topic][str(tp.partition)] = future.result(
+                    timeout=SNAPSHOT_ATTEMPT_S + 5
+                ).offset
+            except (FutureTimeout, KafkaException) as exc:
+                if not _worth_retrying(exc) or time.monotonic() > give_up:
+                    raise
+                again.append(tp)
+        if not again:
+            return snapshot
+        log.warning("offsets of %d partitions not read yet; asking again", len(again))
+        pending = again
+        time.sleep(1.0)
+
+
+def _worth_retrying(exc: BaseException) -> bool:
+    """A timeout, or an error Kafka marks retriable (no leader, not the leader, a lost
+    connection); not a missing topic or a denied request."""
+    if isinstance(exc, FutureTimeout):
+        return True
+    error = exc.args[0] if exc.args else None
+    if not isinstance(error, KafkaError):
+        return False
+    return error.retriable() or error.code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT)
