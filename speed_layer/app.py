@@ -213,12 +213,12 @@ class SpeedWorker:
         never lands between the Redis apply and the offset it allows to commit."""
         processor = self.processors[tp.topic]
         started = time.perf_counter()
-        watermarks = self.served.watermarks
+        watermarks, seeds = self.served.watermarks, self.served.seeds
         joined = self.joined_by_source[tp.topic]
         tables = self.tables.joins if joined else None
 
         def process(batch: Sequence[KafkaRecord], unprocessable: str | None) -> BatchOutcome:
-            return processor.process(tp.partition, batch, watermarks, unprocessable, tables)
+            return processor.process(tp.partition, batch, watermarks, unprocessable, tables, seeds)
 
         try:
             if joined:
@@ -275,10 +275,16 @@ class SpeedWorker:
                     self.store.finish_rebuild(rebuild_member(tp.topic, tp.partition))
                     del self.rebuilding[tp]
                     log.info("event=rebuild_done topic=%s partition=%d", tp.topic, tp.partition)
-        elif outcome.status == FENCE_MOVED:
-            metrics.fence_conflicts.labels(tp.topic).inc()
+        else:
+            self._not_applied(tp, outcome.status)
+
+    def _not_applied(self, tp: TP, status: int) -> None:
+        """An apply of `tp` found its fence moved (another worker wrote since: re-read from
+        the fence) or gone (Redis lost the view: rebuild)."""
+        if status == FENCE_MOVED:
+            self.metrics.fence_conflicts.labels(tp.topic).inc()
             self.consumer.reposition([tp])
-        elif outcome.status == EPOCH_LOST:
+        elif status == EPOCH_LOST:
             self.start_rebuild()
 
     def note_stall(self, tp: TP, error: BaseException) -> None:
@@ -327,6 +333,25 @@ class SpeedWorker:
         self.metrics.rebuilds.inc()
         log.warning("event=rebuild_started epoch=%s partitions=%s", self.epoch, sorted(members))
         consumer.reposition(owned)
+
+    def reseed_idle(self) -> None:
+        """Continue the owned partitions' session metrics from a newly served run (rule 13)
+        without waiting for their next batch, which would do it first: until then their
+        speed sessions after W may hold events the run's sessions hold. Runs on the event
+        loop between batches, like `apply_batch`, so no batch is decided across it; a Redis
+        failure is counted, never raised."""
+        seeds = self.served.seeds
+        backoff = self.backoffs["redis"]
+        if not seeds or not backoff.due():
+            return
+        try:
+            for tp in sorted(self.consumer.assignment()):
+                status = self.processors[tp.topic].reseed(tp.partition, seeds)
+                if status != APPLIED:
+                    self._not_applied(tp, status)
+                    return
+        except REDIS_FAILURES as exc:
+            backoff.failed(exc)
 
     # -- riding out outages --------------------------------------------------------------
 
@@ -464,6 +489,7 @@ class SpeedWorker:
             await asyncio.to_thread(self.served.refresh)
             self.report_lag()
             self.check_epoch()
+            self.reseed_idle()
             self.tables.prune(self.oldest_joined_w())
             self.follow_tables()
             await asyncio.to_thread(self.publish_table_dead_letters)

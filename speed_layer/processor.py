@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, NamedTuple, Protocol
@@ -43,9 +43,13 @@ from shared.speed_view import (
     Fence,
     SpeedViewWriter,
     cell_key,
+    decode_key,
     encode_key,
     ids_key,
+    sessions_key,
 )
+from shared.speed_view.held import HeldEvent, HeldKey, KeySession, SessionPlans
+from speed_layer.sessions import SessionSeeds, reseeded, resplit
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +146,13 @@ class SourceProcessor:
         self._store = store
         self._publish = publish
         self._fences: dict[int, Fence] = {}
+        self.session_plans = {
+            m.name: SessionPlans.of(m, self.plan.metrics)
+            for m in self.plan.metrics
+            if m.sessions is not None and m.session_part is None
+        }
+        self._seeded: dict[int, dict[str, int]] = {}
+        """Per partition, the generation each session metric was last continued from."""
 
     @property
     def metrics(self) -> tuple[MetricPlan, ...]:
@@ -158,6 +169,7 @@ class SourceProcessor:
 
     def forget(self, partition: int) -> None:
         self._fences.pop(partition, None)
+        self._seeded.pop(partition, None)
 
     def set_fence(self, partition: int, fence: Fence) -> None:
         self._fences[partition] = fence
@@ -178,10 +190,16 @@ class SourceProcessor:
         watermarks: Mapping[str, int | None],
         unprocessable: str | None = None,
         tables: Mapping[str, AsOf] | None = None,
+        seeds: Mapping[str, SessionSeeds] | None = None,
     ) -> BatchOutcome:
         """Decide a batch (`decide`, reading the view through Redis), publish its dead letters
         and late events, and apply it with one fenced call (rule 3). With `unprocessable` (why
-        deciding failed) the records are dead-lettered instead (`unprocessable_batch`)."""
+        deciding failed) the records are dead-lettered instead (`unprocessable_batch`). The
+        partition's session metrics are first continued from the run that published `seeds`
+        (`reseed`)."""
+        status = self.reseed(partition, seeds or {})
+        if status != APPLIED:
+            return BatchOutcome(status, self.fence(partition))
         fence = self.fence(partition)
         if fence.offset is not None and records and records[0].offset <= fence.offset:
             records = [r for r in records if r.offset > fence.offset]
@@ -207,6 +225,33 @@ class SourceProcessor:
                     partition,
                 )
         return outcome
+
+    def reseed(self, partition: int, seeds: Mapping[str, SessionSeeds]) -> int:
+        """Continue the partition's session metrics from the run that published `seeds` (rule
+        13), once per run: every held key re-split after its seed (`reseeded`), in one fenced
+        apply that leaves the fence where it is. APPLIED when done or nothing to do, else the
+        apply's status (the fence is forgotten, as for a batch)."""
+        seeded = self._seeded.setdefault(partition, {})
+        stale = [
+            (self.session_plans[name], run)
+            for name, run in seeds.items()
+            if name in self.session_plans and seeded.get(name) != run.generation
+        ]
+        if not stale:
+            return APPLIED
+        fence = self.fence(partition)
+        topic = self.source.topic
+        if fence.offset is not None:  # else nothing was applied: nothing is held
+            batch = ApplyBatch()
+            for plans, run in stale:
+                held = self._store.held_keys(topic, partition, plans.metric)
+                _reseed_keys(plans, topic, partition, held, run, batch)
+            status = self._store.apply(topic, partition, fence, fence, batch)
+            if status != APPLIED:
+                self.forget(partition)
+                return status
+        seeded.update((plans.metric.name, run.generation) for plans, run in stale)
+        return APPLIED
 
 
 def isolate_failures(
@@ -323,35 +368,19 @@ def decide(
         if metric.rollup is not None:
             groups.append(_rolled_up(by_name[metric.rollup.parent], metric.rollup))
             continue
-        windows, grace = metric.windows, metric.grace_ms
-        cell_start = windows.cell_start
-        watermark = watermarks.get(name)
-        as_of_seen, bound = _NO_TIME, windows.latest_late_start(grace, None, watermark)
-        cells: defaultdict[tuple[int, tuple[str, ...]], list[InputFields]] = defaultdict(list)
+        if metric.session_part is not None:  # its metric's sessions build its cells
+            groups.append({})
+            continue
+        grouped = _grouped_sessions if metric.sessions is not None else _grouped_cells
+        cells, late, skipped = grouped(
+            metric,
+            watermarks.get(name),
+            live,
+            metric_inputs(live_fields, metric, times, tables),
+            late_for,
+        )
         groups.append(cells)
         by_name[name] = cells
-        skipped: Counter[str] = Counter()
-        late = 0
-        for (index, time_ms, as_of, _), contribution in zip(
-            live, metric_inputs(live_fields, metric, times, tables), strict=True
-        ):
-            if type(contribution) is Skipped:
-                skipped[contribution.reason] += 1
-                continue
-            if type(contribution) is Filtered:
-                continue
-            start = cell_start(time_ms)
-            if as_of != as_of_seen:  # the stream time moves only on a new maximum
-                as_of_seen, bound = as_of, windows.latest_late_start(grace, as_of, watermark)
-            if start <= bound:
-                late += 1
-                names = late_for.get(index)
-                if names is None:
-                    late_for[index] = [name]
-                else:
-                    names.append(name)
-                continue
-            cells[(start, contribution[0])].append(contribution)  # type: ignore[index,arg-type,misc]
         if late:
             outcome.late_by_metric[name] += late
         for reason, n in skipped.items():
@@ -365,7 +394,72 @@ def decide(
     ids = {
         ids_key(topic, partition, bucket): members for bucket, members in new_ids.items() if members
     }
-    return outcome, ApplyBatch(_merged_cells(plan.metrics, topic, partition, groups, view), ids)
+    return outcome, _written(plan.metrics, topic, partition, groups, view, ids)
+
+
+Grouped = tuple[dict[tuple[int, tuple[str, ...]], list[InputFields]], int, Counter[str]]
+"""One metric's accepted inputs of a batch grouped by (slot, key), its late events and its
+skipped events by reason."""
+
+
+def _grouped_cells(
+    metric: MetricPlan,
+    watermark: int | None,
+    live: Sequence[tuple[int, int, int, Any]],
+    contributions: Iterable[InputFields | Skipped | Filtered],
+    late_for: dict[int, list[str]],
+) -> Grouped:
+    """A cell metric's inputs by (base cell, key), dropping the late ones (rule 2; their
+    batch indexes gain the metric's name in `late_for`)."""
+    name, windows, grace = metric.name, metric.windows, metric.grace_ms
+    cell_start = windows.cell_start
+    as_of_seen, bound = _NO_TIME, windows.latest_late_start(grace, None, watermark)
+    cells: defaultdict[tuple[int, tuple[str, ...]], list[InputFields]] = defaultdict(list)
+    skipped: Counter[str] = Counter()
+    late = 0
+    for (index, time_ms, as_of, _), contribution in zip(live, contributions, strict=True):
+        if type(contribution) is Skipped:
+            skipped[contribution.reason] += 1
+            continue
+        if type(contribution) is Filtered:
+            continue
+        start = cell_start(time_ms)
+        if as_of != as_of_seen:  # the stream time moves only on a new maximum
+            as_of_seen, bound = as_of, windows.latest_late_start(grace, as_of, watermark)
+        if start <= bound:
+            late += 1
+            late_for.setdefault(index, []).append(name)
+            continue
+        cells[(start, contribution[0])].append(contribution)  # type: ignore[index,arg-type,misc]
+    return cells, late, skipped
+
+
+def _grouped_sessions(
+    metric: MetricPlan,
+    watermark: int | None,
+    live: Sequence[tuple[int, int, int, Any]],
+    contributions: Iterable[InputFields | Skipped | Filtered],
+    late_for: dict[int, list[str]],
+) -> Grouped:
+    """A session metric's inputs by (event time, key), dropping the late ones (rule 13's
+    lateness; their batch indexes gain the metric's name in `late_for`)."""
+    assert metric.sessions is not None
+    name, is_late, grace = metric.name, metric.sessions.is_late, metric.grace_ms
+    events: defaultdict[tuple[int, tuple[str, ...]], list[InputFields]] = defaultdict(list)
+    skipped: Counter[str] = Counter()
+    late = 0
+    for (index, time_ms, as_of, _), contribution in zip(live, contributions, strict=True):
+        if type(contribution) is Skipped:
+            skipped[contribution.reason] += 1
+            continue
+        if type(contribution) is Filtered:
+            continue
+        if is_late(time_ms, grace, as_of, watermark):
+            late += 1
+            late_for.setdefault(index, []).append(name)
+            continue
+        events[(time_ms, contribution[0])].append(contribution)  # type: ignore[index,arg-type,misc]
+    return events, late, skipped
 
 
 def _rolled_up(
@@ -397,24 +491,117 @@ def _known_ids(
     return known
 
 
-def _merged_cells(
+def _written(
     metrics: Sequence[MetricPlan],
     topic: str,
     partition: int,
     groups: Sequence[Mapping[tuple[int, tuple[str, ...]], Sequence[InputFields]]],
     view: ViewState,
-) -> dict[str, dict[bytes, bytes]]:
-    """Build each touched (cell, key) state once, from its group of inputs, and merge it
-    into the stored one (one HMGET per touched sub-cell, all in one round trip)."""
-    wanted: dict[str, list[tuple[bytes, int, tuple[int, tuple[str, ...]]]]] = defaultdict(list)
+    ids: dict[str, list[str]],
+) -> ApplyBatch:
+    """What a batch writes: each touched (cell, key) state merged with the stored one, and
+    each touched key of a session metric re-split with its held events (`sessions`), reading
+    the stored states and held events in one round trip."""
+    folds: dict[str, list[tuple[bytes, int, tuple[int, tuple[str, ...]]]]] = defaultdict(list)
+    added: dict[int, dict[tuple[str, ...], list[HeldEvent]]] = {}
     for index, cells in enumerate(groups):
         metric = metrics[index]
         name, version = metric.name, metric.version
+        if metric.session_part is not None:  # built with its metric's sessions
+            continue
+        if metric.sessions is not None:
+            by_key: defaultdict[tuple[str, ...], list[HeldEvent]] = defaultdict(list)
+            for (time_ms, key), inputs in cells.items():
+                by_key[key].extend((time_ms, value, items) for _, value, items in inputs)
+            if by_key:
+                added[index] = by_key
+            continue
         for slot in cells:
             start, key = slot
             field = (encode_key(key), index, slot)
-            wanted[cell_key(topic, partition, name, version, start)].append(field)
-    stored = view.read_fields({name: [f for f, _, _ in fs] for name, fs in wanted.items()})
+            folds[cell_key(topic, partition, name, version, start)].append(field)
+    requests: dict[str, list[bytes]] = {name: [f for f, _, _ in fs] for name, fs in folds.items()}
+    for index, keys in added.items():
+        metric = metrics[index]
+        held = sessions_key(topic, partition, metric.name, metric.version)
+        requests[held] = [encode_key(key) for key in keys]
+    stored = view.read_fields(requests)
+    batch = ApplyBatch(_merged_cells(metrics, groups, folds, stored), ids)
+    for index, keys in added.items():
+        plans = SessionPlans.of(metrics[index], metrics)
+        _resplit_keys(plans, topic, partition, keys, stored, batch)
+    return batch
+
+
+def _resplit_keys(
+    plans: SessionPlans,
+    topic: str,
+    partition: int,
+    added: Mapping[tuple[str, ...], Sequence[HeldEvent]],
+    stored: Mapping[str, Sequence[bytes | None]],
+    batch: ApplyBatch,
+) -> None:
+    """Each touched key of a session metric: its held events with the batch's, and the cells
+    of the buckets whose sessions changed (`sessions.resplit`)."""
+    metric = plans.metric
+    assert metric.sessions is not None
+    held_name = sessions_key(topic, partition, metric.name, metric.version)
+    for (key, events), previous in zip(added.items(), stored[held_name], strict=True):
+        now, buckets = resplit(metric.sessions, HeldKey.decode(previous), events)
+        _write_key(plans, topic, partition, encode_key(key), now, buckets, batch)
+
+
+def _reseed_keys(
+    plans: SessionPlans,
+    topic: str,
+    partition: int,
+    held: Mapping[bytes, bytes],
+    run: SessionSeeds,
+    batch: ApplyBatch,
+) -> None:
+    """Every held key of a session metric continued from its seed in a run (`reseeded`)."""
+    windows = plans.metric.sessions
+    assert windows is not None
+    for encoded, data in held.items():
+        seed = run.by_key.get(decode_key(encoded))
+        now, buckets = reseeded(windows, HeldKey.decode(data), seed, run.watermark)
+        _write_key(plans, topic, partition, encoded, now, buckets, batch)
+
+
+def _write_key(
+    plans: SessionPlans,
+    topic: str,
+    partition: int,
+    encoded: bytes,
+    held: HeldKey,
+    buckets: Mapping[int, Sequence[KeySession]],
+    batch: ApplyBatch,
+) -> None:
+    """One key's held events (removed when none is left) and the cells of its changed
+    buckets, rebuilt whole, or removed where no session starts any more."""
+    metric = plans.metric
+    held_name = sessions_key(topic, partition, metric.name, metric.version)
+    if held.events:  # a seed alone continues nothing: later events start after it
+        batch.cells.setdefault(held_name, {})[encoded] = held.encode()
+    else:
+        batch.deleted.setdefault(held_name, []).append(encoded)
+    for bucket, sessions in buckets.items():
+        for plan, state in plans.bucket_states(sessions):
+            name = cell_key(topic, partition, plan.name, plan.version, bucket)
+            if state is None:
+                batch.deleted.setdefault(name, []).append(encoded)
+            else:
+                batch.cells.setdefault(name, {})[encoded] = encode_state(state)
+
+
+def _merged_cells(
+    metrics: Sequence[MetricPlan],
+    groups: Sequence[Mapping[tuple[int, tuple[str, ...]], Sequence[InputFields]]],
+    wanted: Mapping[str, Sequence[tuple[bytes, int, tuple[int, tuple[str, ...]]]]],
+    stored: Mapping[str, Sequence[bytes | None]],
+) -> dict[str, dict[bytes, bytes]]:
+    """Build each touched (cell, key) state once, from its group of inputs, and merge it
+    into the stored one."""
     values_of = itemgetter(1)
     items_of = itemgetter(2)
     out: dict[str, dict[bytes, bytes]] = {}

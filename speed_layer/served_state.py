@@ -1,7 +1,8 @@
 """What the speed layer knows of the batch view: the served row, re-read every
 `watermark_refresh_s` — W per metric (rule 2's second clause), `rebuild_from` per partition
-(where a rebuild starts, rule 9) — and when each W was first seen, so cleanup deletes only
-cells below a W served for longer than any request may take (rule 8).
+(where a rebuild starts, rule 9) and, for each session metric, the sessions its keys continue
+from (rule 13), read with the row in one snapshot — and when each W was first seen, so cleanup
+deletes only cells below a W served for longer than any request may take (rule 8).
 
 The worker needs only the last row it read: while PostgreSQL is unreachable no run can
 publish, so that row is still the served one. The worker keeps it (lateness keeps using its
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import psycopg
 
@@ -18,6 +21,9 @@ from shared.backoff import Backoff
 from shared.config import Settings
 from shared.db.connect import connect
 from shared.db.served import ServedView, read_served
+from shared.db.sessions import boundary_sessions
+from shared.speed_view.held import SessionPlans
+from speed_layer.sessions import SessionSeeds
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +39,8 @@ class ServedState:
         self.loaded = False
         """Whether the row was ever read (None then means: no batch run has published yet)."""
         self.watermarks: dict[str, int | None] = {m: None for m in settings.plans}
+        self.seeds: dict[str, SessionSeeds] = {}
+        """Per session metric, what the served run gives its keys to continue from."""
         self._seen: dict[str, list[tuple[float, int]]] = {}
 
     def refresh(self) -> bool:
@@ -41,23 +49,49 @@ class ServedState:
         if not self.backoff.due():
             return False
         try:
-            with connect(self.settings.postgres.url, autocommit=True) as conn:
+            with connect(self.settings.postgres.url) as conn:
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 served = read_served(conn)
+                watermarks = {
+                    m.name: None if served is None else served.watermark(m.name, m.version)
+                    for m in self.settings.plans.values()
+                }
+                seeds = self._seeds(conn, served, watermarks)
         except psycopg.Error as exc:
             self.backoff.failed(exc)
             return False
         self.backoff.recovered()
-        watermarks = {
-            m.name: None if served is None else served.watermark(m.name, m.version)
-            for m in self.settings.plans.values()
-        }
         now = time.monotonic()
         for name, w in watermarks.items():
             seen = self._seen.setdefault(name, [])
             if w is not None and (not seen or seen[-1][1] != w):
                 seen.append((now, w))
-        self.served, self.watermarks, self.loaded = served, watermarks, True
+        self.served, self.watermarks, self.seeds, self.loaded = served, watermarks, seeds, True
         return True
+
+    def _seeds(
+        self,
+        conn: psycopg.Connection[Any],
+        served: ServedView | None,
+        watermarks: Mapping[str, int | None],
+    ) -> dict[str, SessionSeeds]:
+        """Each session metric's seeds from the served run (those already read are kept)."""
+        seeds: dict[str, SessionSeeds] = {}
+        if served is None:
+            return seeds
+        plans = self.settings.plans
+        for plan in plans.values():
+            watermark = watermarks.get(plan.name)
+            if plan.sessions is None or plan.session_part is not None or watermark is None:
+                continue
+            known = self.seeds.get(plan.name)
+            if known is not None and known.generation == served.generation:
+                seeds[plan.name] = known
+                continue
+            part = SessionPlans.of(plan, plans.values()).sessions
+            by_key = boundary_sessions(conn, served.generation, plan, part, watermark)
+            seeds[plan.name] = SessionSeeds(served.generation, watermark, by_key)
+        return seeds
 
     def rebuild_from(self, topic: str, partition: int) -> int:
         """Where a partition is read from when Redis holds nothing of it (0 before any run)."""

@@ -740,15 +740,10 @@ def _accumulate(
                 if fields is None:
                     _bump(skipped, metric.name)
                     continue
-                if late_rule:
-                    base_end = window_start(event_time, metric.base_ms) + metric.base_ms
-                    w = (watermarks or {}).get(metric.name)
-                    if base_end + metric.grace_ms <= as_of or (w is not None and base_end <= w):
-                        _bump(late, metric.name)
-                        continue
+                if late_rule and _is_late(metric, event_time, as_of, (watermarks or {})):
+                    _bump(late, metric.name)
+                    continue
                 if metric.session is not None:
-                    if late_rule:
-                        raise ValueError("the oracle sessionizes the batch's events only")
                     sessions.setdefault((metric.name, fields[0]), []).append((event_time, fields))
                     continue
                 sizes = [metric.base_ms] if base_only else metric.windows_ms
@@ -779,6 +774,18 @@ def _accumulate(
                         _add(accs, (name, 0, session.first, key), fields)
                     _add(accs, (f"{name}(sessions)", 0, session.first, key), part)
     return accs, malformed, skipped, late, duplicates, stream_time, table_malformed
+
+
+def _is_late(metric: _Metric, event_time: int, as_of: int, watermarks: dict[str, int]) -> bool:
+    """The speed layer's lateness: rule 2 for a cell (its cell's end plus the grace reached by
+    the partition's stream time, or at or before W), rule 13 for a session (the event's own
+    time plus the grace, or before W plus `max_duration`)."""
+    w = watermarks.get(metric.name)
+    if metric.session is not None:
+        longest = metric.session[1]
+        return event_time + metric.grace_ms <= as_of or (w is not None and event_time < w + longest)
+    base_end = window_start(event_time, metric.base_ms) + metric.base_ms
+    return base_end + metric.grace_ms <= as_of or (w is not None and base_end <= w)
 
 
 _Fields = tuple[Any, float | None, dict[str, str], float | None]

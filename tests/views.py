@@ -39,6 +39,8 @@ def speed_cells_of(settings: Settings, stored: Mapping[str, Mapping[bytes, bytes
         topic = metric.source.topic
         states: dict[tuple[int, int, tuple[str, ...]], list[CellState]] = defaultdict(list)
         for name, fields in stored.items():
+            if not name.startswith("lp:cell:"):  # a session metric's held events
+                continue
             start, partition = cell_of_key(name)
             if name != cell_key(topic, partition, metric.name, metric.version, start):
                 continue

@@ -22,6 +22,7 @@ from shared.speed_view.keys import (
     fence_key,
     ids_key,
     rebuild_member,
+    sessions_key,
 )
 from shared.speed_view.reader import (
     SpeedViewReader,
@@ -62,6 +63,7 @@ __all__ = [
     "rebuild_member",
     "redis_client",
     "redis_client_async",
+    "sessions_key",
     "speed_status",
     "speed_status_of",
     "stalled_partitions",

@@ -1,7 +1,7 @@
 -- The fenced apply of one partition's batch (rule 3): compare-and-set on the fence (KEYS[1]:
 -- offset ARGV[1] -> ARGV[2], stream time ARGV[3], definitions digest ARGV[7]); then every cell
--- hash (HSET) and de-dup set (SADD) of the batch, each preceded by its argument count, with
--- TTL ARGV[4]. Every key carries the partition's hash tag, so the call stays in one Redis
+-- hash (HSET) and de-dup set (SADD) of the batch, then the hash fields it removes (HDEL; ARGV[8]
+-- hashes), each preceded by its argument count, with TTL ARGV[4]. Every key carries the partition's hash tag, so the call stays in one Redis
 -- Cluster slot. Returns 1 applied, 0 fence moved (another worker wrote since), -1 the fence
 -- vanished under the worker that had written or read it: the partition's data was lost (rule
 -- 9). Called by `writer.SpeedViewWriter.apply`.
@@ -18,8 +18,8 @@ else
   redis.call('HSET', KEYS[1], 'stream_time', ARGV[3])
 end
 redis.call('EXPIRE', KEYS[1], ttl)
-local n_hashes, n_sets = tonumber(ARGV[5]), tonumber(ARGV[6])
-local arg = 8
+local n_hashes, n_sets, n_deletes = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[8])
+local arg = 9
 local function write(command, key, first, last)
   local chunk = 2000
   for i = first, last, chunk do
@@ -35,6 +35,12 @@ end
 for k = 2 + n_hashes, 1 + n_hashes + n_sets do
   local n = tonumber(ARGV[arg])
   if n > 0 then write('SADD', KEYS[k], arg + 1, arg + n) end
+  arg = arg + 1 + n
+end
+local first_delete = 2 + n_hashes + n_sets
+for k = first_delete, first_delete + n_deletes - 1 do
+  local n = tonumber(ARGV[arg])
+  if n > 0 then write('HDEL', KEYS[k], arg + 1, arg + n) end
   arg = arg + 1 + n
 end
 return 1

@@ -14,6 +14,9 @@ Every key a source partition's fenced apply writes carries that partition's hash
 - `lp:cell:{<topic>:<partition>}:<metric>:<version>:<start_ms>` — hash {key JSON -> state
   bytes (`shared.aggregations.encode_state`)}: one base cell's states for one source
   partition, written only by that partition's owner.
+- `lp:sessions:{<topic>:<partition>}:<metric>:<version>` — hash {key JSON -> held events}: a
+  session metric's accepted events of one source partition, per key, that its sessions are
+  re-split from (rule 13; `speed_layer.sessions`).
 - `lp:ids:{<topic>:<partition>}:<bucket_start>` — set of event ids seen in that event-time
   bucket (de-duplication, rule 4), dropped once the bucket is late for every metric of the
   source.
@@ -59,6 +62,10 @@ def cell_key_prefix(topic: str, partition: int, metric: str, version: str) -> st
 
 def cell_key(topic: str, partition: int, metric: str, version: str, start_ms: int) -> str:
     return f"{cell_key_prefix(topic, partition, metric, version)}{start_ms}"
+
+
+def sessions_key(topic: str, partition: int, metric: str, version: str) -> str:
+    return f"lp:sessions:{partition_tag(topic, partition)}:{metric}:{version}"
 
 
 def cell_pattern(topic: str, metric: str, version: str, partition: int | None = None) -> str:

@@ -22,6 +22,7 @@ from shared.speed_view.keys import (
     fence_key,
     ids_of_key,
     ids_pattern,
+    sessions_key,
 )
 
 APPLIED, FENCE_MOVED, EPOCH_LOST = 1, 0, -1
@@ -43,6 +44,8 @@ class ApplyBatch:
 
     cells: dict[str, dict[bytes, bytes]] = field(default_factory=dict)
     ids: dict[str, list[str]] = field(default_factory=dict)
+    deleted: dict[str, list[bytes]] = field(default_factory=dict)
+    """Fields removed from hashes: a session metric's bucket no session starts in any more."""
 
 
 def ensure_epoch(client: SyncRedis, candidate: str) -> str:
@@ -78,6 +81,7 @@ class SpeedViewWriter:
             len(batch.cells),
             len(batch.ids),
             new_fence.defs or "",
+            len(batch.deleted),
         ]
         for key, fields in batch.cells.items():
             keys.append(key)
@@ -88,6 +92,10 @@ class SpeedViewWriter:
             keys.append(key)
             args.append(len(members))
             args.extend(members)
+        for key, names in batch.deleted.items():
+            keys.append(key)
+            args.append(len(names))
+            args.extend(names)
         return int(self._apply(keys=keys, args=args))
 
     def read_fence(self, topic: str, partition: int) -> Fence:
@@ -103,6 +111,11 @@ class SpeedViewWriter:
         for name in names:
             pipe.hmget(name, list(requests[name]))
         return dict(zip(names, pipe.execute(), strict=True))
+
+    def held_keys(self, topic: str, partition: int, plan: MetricPlan) -> dict[bytes, bytes]:
+        """Every key's held events of a session metric on one partition (`held`)."""
+        fields = self._client.hgetall(sessions_key(topic, partition, plan.name, plan.version))
+        return {bytes(k): bytes(v) for k, v in fields.items()}  # type: ignore[arg-type]
 
     def known_ids(self, requests: Mapping[str, Sequence[str]]) -> dict[str, list[bool]]:
         """Which of the given ids each de-dup set holds, one SMISMEMBER each, one round trip."""
@@ -156,11 +169,14 @@ class SpeedViewWriter:
         self._client.hdel(STALLED_KEY, member)
 
     def partition_keys(self, topic: str, partition: int, plans: Sequence[MetricPlan]) -> list[str]:
-        """Every key a partition's state lives in: its fence, de-dup id sets and the sub-cells
-        of the given metric versions (what a rebuild under new definitions drops)."""
+        """Every key a partition's state lives in: its fence, de-dup id sets, the sub-cells
+        of the given metric versions and their sessions' held events (what a rebuild under new
+        definitions drops)."""
         keys = [fence_key(topic, partition), *self._scan(ids_pattern(topic, partition))]
         for plan in plans:
             keys += self._scan(cell_pattern(topic, plan.name, plan.version, partition))
+            if plan.sessions is not None and plan.session_part is None:
+                keys.append(sessions_key(topic, partition, plan.name, plan.version))
         return keys
 
     def sub_cells(self, plan: MetricPlan) -> list[tuple[str, int, int]]:

@@ -143,12 +143,19 @@ def oracle_mismatches(settings: Settings, config: dict[str, Any]) -> list[str]:
     the tables' topics up to the served snapshot."""
     served, cells = served_view(settings)
     assert served is not None
+    upto = snapshot_records(settings, served)
+    return oracle.compare(oracle.compute_cells(config, upto), as_points(settings, cells))
+
+
+def snapshot_records(settings: Settings, served: ServedView) -> list[oracle.Record]:
+    """Every record of the source's topic and of the tables' topics up to the served
+    snapshot."""
     upto = []
     for topic in [settings.sources[0].topic, *(t.topic for t in settings.tables)]:
         snapshot = {int(p): o for p, o in served.snapshot[topic].items()}
         records = oracle.read_topic(settings.kafka.bootstrap_servers, topic)
         upto += [r for r in records if r.offset < snapshot.get(r.partition, 0)]
-    return oracle.compare(oracle.compute_cells(config, upto), as_points(settings, cells))
+    return upto
 
 
 def same_cells(a: dict[oracle.Cell, BatchCell], b: dict[oracle.Cell, BatchCell]) -> list[str]:

@@ -16,8 +16,11 @@ from pyspark.sql.types import ArrayType, LongType, StringType, StructField, Stru
 
 from batch_layer import execute_run
 from batch_layer.sessions import DURATION_COLUMN, SESSION_COLUMN, with_sessions
+from shared.db.connect import connect
 from shared.db.runs import RunRequest
-from shared.sessions import SessionRule
+from shared.db.sessions import boundary_sessions
+from shared.sessions import Session, SessionRule
+from tests import oracle
 from tests.batch.helpers import (
     HOUR,
     MINUTE,
@@ -27,6 +30,7 @@ from tests.batch.helpers import (
     queue,
     run_record,
     served_view,
+    snapshot_records,
     spark_conf,
 )
 from tests.conftest import Platform
@@ -180,6 +184,20 @@ def test_a_full_run_of_session_metrics_equals_the_oracle(platform: Platform, spa
         plan = settings.plan(part)
         assert plan is not None
         assert served.watermark(part, plan.version) == w_visits, "a part's W is its metric's"
+
+    # What the speed layer continues each key from: its last served session that may reach W.
+    expected = oracle.compute_cells(world.config, snapshot_records(settings, served))
+    seeds: dict[tuple[str, ...], Session] = {}
+    longest = 30 * MINUTE
+    for (name, size, start, key), values in sorted(expected.items()):
+        if name == "visits(sessions)" and size == 0 and w_visits - longest <= start < w_visits:
+            events = expected[("visits", 0, start, key)]["count"]
+            seeds[key] = Session(start, start + int(values["max"]), events)
+    sessions_part = settings.plan("visits(sessions)")
+    assert sessions_part is not None and seeds
+    with connect(settings.postgres.url) as conn:
+        found = boundary_sessions(conn, served.generation, visits, sessions_part, w_visits)
+    assert found == seeds
 
     # A late event bridging two of those sessions, and a run asked to be incremental: the
     # session metrics are recomputed whole (by a full run) and still equal the oracle.

@@ -1,0 +1,150 @@
+"""A session metric in the speed layer on the real Redis (rule 13 in docs/semantics.md): the
+events of a batch run's snapshot applied first, then the run's seeds (what the serving layer
+would read from the batch view: each key's last session that may reach W) and the events
+after the snapshot. The buckets the speed view holds from W on, beside the run's buckets before
+W, are the oracle's sessionization of every event: no session counted by both, split between
+them or dropped; and the continuation is applied once per run, in the fenced apply."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from lambdactl.generator import GeneratorSpec, generate
+from shared.config import Settings
+from shared.sessions import Session
+from shared.speed_view import (
+    APPLIED,
+    EPOCH_KEY,
+    SpeedViewWriter,
+    SyncRedis,
+    redis_client,
+    sessions_key,
+)
+from shared.speed_view.held import HeldKey
+from speed_layer.processor import RawRecord, SourceProcessor
+from speed_layer.sessions import SessionSeeds
+from tests import oracle
+from tests.conftest import platform_config, redis_for_tests
+from tests.views import speed_view_cells
+
+pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
+
+MINUTE = 60_000
+T0 = 1_704_067_200_000
+METRIC = "user_sessions"
+MAX_MS = 10 * MINUTE
+CREATED = T0 + 2 * 60 * MINUTE
+
+
+@pytest.fixture
+def client(stack: Settings) -> SyncRedis:
+    client = redis_client(redis_for_tests(stack))
+    client.flushdb()
+    client.set(EPOCH_KEY, "epoch")
+    return client
+
+
+def _config() -> dict[str, Any]:
+    config = platform_config("sess", partitions=1)
+    config["metrics"] = [
+        {
+            "name": METRIC,
+            "source": "pageviews",
+            "key": ["user_id"],
+            "value": "latency_ms",
+            "aggregations": ["count", "sum", "distinct(page)", "quantiles(latency_ms)"],
+            "windows": ["1m", "1h"],
+            "grace": "2m",
+            "session": {"gap": "2m", "max_duration": "10m"},
+        }
+    ]
+    return config
+
+
+def _seeds(cells: dict[oracle.Cell, Any], generation: int, w: int) -> SessionSeeds:
+    """A run's seeds as `shared.db.sessions.boundary_sessions` reads them from its cells."""
+    by_key: dict[tuple[str, ...], Session] = {}
+    for (name, size, start, key), values in sorted(cells.items()):
+        if name == f"{METRIC}(sessions)" and size == 0 and w - MAX_MS <= start < w:
+            events = cells[(METRIC, 0, start, key)]["count"]
+            by_key[key] = Session(start, start + int(values["max"]), events)
+    return SessionSeeds(generation, w, by_key)
+
+
+def _bridge(minute: int) -> bytes:
+    """An event of user `bridge` at T0 + `minute` minutes."""
+    body = {"ts": T0 + minute * MINUTE, "event_id": f"b{minute}", "page": "/b", "user_id": "bridge"}
+    return orjson.dumps({**body, "latency_ms": 5.0})
+
+
+def _records() -> tuple[list[RawRecord], list[RawRecord], int]:
+    """The run's snapshot, the events after it and its W (T0 + 27m: 12 minutes before the
+    snapshot's last event time, about T0 + 40m, floored to the minute).
+
+    Beside 40 minutes of sample events, user `bridge` has an event every minute from 17m to
+    28m (the speed layer sees them on time: two sessions, 17m-26m and, cut by max_duration,
+    27m-28m, which starts at W) and a late one at 16m that the speed layer drops and the
+    run counts: in the run's sessions the cut moves to 26m, so its session 26m-28m, served by
+    the batch view, holds the events of the speed layer's session at W."""
+    sample = [r.value for r in generate(GeneratorSpec(T0, T0 + 40 * MINUTE, 2_500, seed=5))]
+    step = 40 * MINUTE / 2_500
+    for minute in range(28, 16, -1):  # each where the sample's time reaches it
+        sample.insert(int(minute * MINUTE / step) + 1, _bridge(minute))
+    sample.append(_bridge(16))  # late: the speed layer has passed it by 24 minutes
+    after = generate(
+        GeneratorSpec(T0 + 40 * MINUTE, T0 + 60 * MINUTE, 1_500, late_fraction=0.0, seed=6)
+    )
+    values = [*sample, *(r.value for r in after)]
+    records = [RawRecord(i, CREATED, v) for i, v in enumerate(values)]
+    return records[: len(sample)], records[len(sample) :], T0 + 27 * MINUTE
+
+
+def test_the_speed_view_continues_a_runs_sessions_exactly(client: SyncRedis) -> None:
+    config = _config()
+    settings = Settings(**config)
+    plan = settings.plan(METRIC)
+    assert plan is not None and plan.sessions is not None
+    snapshot, after, w = _records()
+    as_oracle = [
+        oracle.Record("pv-sess", 0, r.offset, r.timestamp, r.value) for r in [*snapshot, *after]
+    ]
+
+    store = SpeedViewWriter(client, 86_400)
+    processor = SourceProcessor(settings, settings.sources[0], store, lambda *_: None)  # type: ignore[arg-type]
+    late = 0
+    for i in range(0, len(snapshot), 100):
+        outcome = processor.process(0, snapshot[i : i + 100], {})
+        assert outcome.status == APPLIED
+        late += len(outcome.late)
+    assert late > 1, "the speed layer dropped the bridging event and the sample's late ones"
+
+    run = oracle.compute(config, as_oracle[: len(snapshot)])
+    assert plan.sessions.watermark(None, [run.stream_time[("pv-sess", 0)]], plan.grace_ms) == w
+    seeds = {METRIC: _seeds(run.cells, 1, w)}
+    assert seeds[METRIC].by_key[("bridge",)] == Session(T0 + 26 * MINUTE, T0 + 28 * MINUTE, 3)
+    watermarks = {name: w for name in settings.plans}
+    for i in range(0, len(after), 100):
+        outcome = processor.process(0, after[i : i + 100], watermarks, seeds=seeds)
+        assert outcome.status == APPLIED and not outcome.late
+
+    everything = oracle.compute_cells(config, as_oracle)
+    base = {c: v for c, v in everything.items() if c[1] == MINUTE}
+    batch = {c: v for c, v in run.cells.items() if c[1] == MINUTE and c[2] < w}
+    speed = {c: v for c, v in speed_view_cells(settings, client).items() if c[1] == MINUTE}
+    assert oracle.compare({c: v for c, v in base.items() if c[2] < w}, batch) == []
+    assert (
+        oracle.compare(
+            {c: v for c, v in base.items() if c[2] >= w},
+            {c: v for c, v in speed.items() if c[2] >= w},
+        )
+        == []
+    )
+
+    # Once per run: a second call finds nothing to do; what is held is from W on.
+    held = client.hgetall(sessions_key("pv-sess", 0, plan.name, plan.version))
+    assert processor.reseed(0, seeds) == APPLIED
+    assert client.hgetall(sessions_key("pv-sess", 0, plan.name, plan.version)) == held
+    assert all(t >= w for data in held.values() for t, _, _ in HeldKey.decode(data).events)
