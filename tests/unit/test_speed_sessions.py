@@ -66,9 +66,7 @@ def test_batches_in_any_order_keep_every_bucket_exact(
         buckets.write(changed)
         assert buckets.cells == buckets.from_scratch(held)
     times = [t for batch in batches for t in batch]
-    assert [s.session for s in key_sessions(held.chain(rule), held.events)] == _oracle(
-        times, rule
-    )
+    assert [s.session for s in key_sessions(held.chain(rule), held.events)] == _oracle(times, rule)
     assert sorted(e[0] for e in held.events) == [e[0] for e in held.events] == sorted(times)
 
 
