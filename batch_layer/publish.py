@@ -27,6 +27,7 @@ from shared.aggregations import SketchKind, merge_states
 from shared.db.cells import CELL_COLUMNS, BatchCell
 from shared.db.served import read_served
 from shared.faults import fault_point
+from shared.metric_plan import SESSION_WINDOW_MS
 
 _CELL_COLUMNS = ", ".join(("generation", *CELL_COLUMNS))
 GENERATIONS_KEPT = 2
@@ -199,11 +200,18 @@ def _ids_table(ids: pa.Table | Iterable[tuple[str, str, int, int]]) -> pa.Table:
 
 def index_generation(conn: psycopg.Connection[Any], table: sql.Identifier) -> None:
     """The one place a loaded generation's key and indexes are built (after the load, before
-    it is attached): its part of `batch_cells`' primary key."""
+    it is attached): its part of `batch_cells`' primary key, and an index of the cells of
+    window 0 by key — a session metric's sessions, one key's of which the API lists by time
+    (rule 13; empty without session metrics)."""
     conn.execute(
         sql.SQL(
             "ALTER TABLE {} ADD PRIMARY KEY (generation, metric, version, window_ms, start_ms, key)"
         ).format(table)
+    )
+    conn.execute(
+        sql.SQL("CREATE INDEX ON {} (metric, version, key, start_ms) WHERE window_ms = {}").format(
+            table, sql.Literal(SESSION_WINDOW_MS)
+        )
     )
 
 

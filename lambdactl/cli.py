@@ -217,7 +217,7 @@ def produce_events(
     source: Annotated[str | None, typer.Option(help="source name (default: the first)")] = None,
 ) -> None:
     """Send sample pageview events (out of order, late, duplicated) to a source topic."""
-    from lambdactl.generator import GeneratorSpec, generate, produce
+    from lambdactl.generator import GeneratorSpec, generate, produce, sessions_on
 
     settings = _settings()
     chosen = settings.source(source) if source else settings.sources[0]
@@ -230,6 +230,7 @@ def produce_events(
         duplicate_fraction=duplicates,
         malformed_fraction=malformed,
         seed=seed,
+        keyed_by_user=sessions_on(settings, chosen),
     )
     sent = produce(settings.kafka, chosen.topic, generate(spec))
     console.print(f"sent {sent} records to {chosen.topic}")

@@ -21,7 +21,7 @@ import orjson
 from rich.console import Console
 from rich.markup import escape
 
-from lambdactl.generator import GeneratorSpec, SampleRecord, generate, produce
+from lambdactl.generator import GeneratorSpec, SampleRecord, generate, produce, sessions_on
 from serving_layer.timefmt import format_time
 from shared.config import Settings
 from shared.errors import LambdaError
@@ -201,6 +201,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
     from shared.db.runs import RunRequest, queue_run
 
     source = settings.sources[0]
+    by_user = sessions_on(settings, source)
     bootstrap = settings.kafka.bootstrap_servers
     now = int(time.time() * 1000)
     change = _load_tables(settings, console)
@@ -215,6 +216,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
                 options.history_events,
                 malformed_fraction=0.005,
                 seed=now % 1000,
+                keyed_by_user=by_user,
             )
         ),
     )
@@ -256,6 +258,7 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
                         options.live_rate_per_s,
                         disorder_ms=5_000,
                         seed=sequence * 7919 + now % 1000,
+                        keyed_by_user=by_user,
                     )
                 ),
             )

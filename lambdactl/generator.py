@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import orjson
 from confluent_kafka import KafkaError, Producer
 
-from shared.config import KafkaSettings
+from shared.config import KafkaSettings, Settings, SourceConfig
 from shared.errors import LambdaError
 from shared.kafka import client_config
 
@@ -31,6 +31,9 @@ class GeneratorSpec:
     duplicate_fraction: float = 0.02
     malformed_fraction: float = 0.0
     seed: int = 7
+    keyed_by_user: bool = False
+    """Key each record by its user (all of a user's events on one partition, as a session
+    metric per user needs for exact speed sessions, rule 13); else by its event id."""
 
 
 @dataclass(frozen=True)
@@ -75,10 +78,17 @@ def generate(spec: GeneratorSpec) -> Iterator[SampleRecord]:
             "latency_ms": round(rng.lognormvariate(4.0, 0.6), 3),
             "geo": {"country": COUNTRIES[user % len(COUNTRIES)]},  # a user's, no draw
         }
-        record = SampleRecord(event_id.encode(), orjson.dumps(payload))
+        key = f"u{user}" if spec.keyed_by_user else event_id
+        record = SampleRecord(key.encode(), orjson.dumps(payload))
         yield record
         if rng.random() < spec.duplicate_fraction:
             yield record
+
+
+def sessions_on(settings: Settings, source: SourceConfig) -> bool:
+    """Whether a session metric reads `source`: then its sample events are keyed by user, so
+    a user's events share a partition (rule 13)."""
+    return any(p.sessions is not None for p in settings.plans_of(source))
 
 
 class ProduceError(LambdaError):

@@ -25,7 +25,7 @@ from serving_layer.pools import AsyncDb
 from serving_layer.selection import Selection
 from shared.aggregations import CellState
 from shared.db.cells import state_of_columns
-from shared.metric_plan import MetricPlan
+from shared.metric_plan import SESSION_WINDOW_MS, MetricPlan
 from shared.windows import CellRef
 
 _GUARD_RETRIES = 4
@@ -207,6 +207,40 @@ LEFT JOIN LATERAL (
 """
 )
 
+SESSIONS_SQL = (
+    _SERVED_CTE
+    + """
+SELECT s.generation, s.w AS watermark, s.v AS version, c.start_ms, c.count AS events, c.sum,
+       c.min, c.max, c.sketches, c.sketch_summaries, c.duration, s.x AS stamp
+FROM s
+LEFT JOIN LATERAL (
+    SELECT m.start_ms, m.count, m.sum, m.min, m.max, m.sketches, m.sketch_summaries,
+           p.max AS duration
+    FROM batch_cells m
+    JOIN batch_cells p
+      ON p.generation = m.generation AND p.metric = %(part)s AND p.version = %(part_version)s
+     AND p.window_ms = m.window_ms AND p.start_ms = m.start_ms AND p.key = m.key
+    WHERE m.generation = s.generation AND m.metric = %(metric)s AND m.version = %(version)s
+      AND m.window_ms = %(window)s AND m.key = %(key)s
+      AND m.start_ms >= %(start)s AND m.start_ms < LEAST(%(end)s, s.w)
+    ORDER BY m.start_ms
+    LIMIT %(limit)s
+) c ON s.v = %(version)s AND s.w IS NOT NULL
+"""
+)
+"""One key's sessions starting in `[start, min(end, W))`: each a cell of window 0 of the
+metric (its events' states) and of its `sessions` part (its duration), found through each
+generation's index on (metric, version, key, start_ms) of window 0 (`index_generation`)."""
+
+
+class StoredSession(NamedTuple):
+    """One session the batch view serves: its first event time, its events' state, its
+    duration in ms."""
+
+    start_ms: int
+    state: CellState
+    duration_ms: int
+
 
 @dataclass(frozen=True)
 class CellQuery:
@@ -363,6 +397,42 @@ class BatchViewReader:
         served = _served_of(columns, rows, metric.version)
         key_at = columns.index("key")
         return served.watermark, {tuple(row[key_at]) for row in rows if row[key_at] is not None}
+
+    async def sessions(
+        self,
+        db: AsyncDb,
+        metric: MetricPlan,
+        part: MetricPlan,
+        key: Sequence[str],
+        window: tuple[int, int],
+        limit: int,
+    ) -> tuple[ServedRow, list[StoredSession]]:
+        """The served row and, when it serves `metric`, one key's sessions starting in
+        `window` before W, ascending, at most `limit`."""
+        async with db.connection() as conn:
+            cursor = await conn.execute(
+                SESSIONS_SQL,
+                {
+                    "metric": metric.name,
+                    "version": metric.version,
+                    "part": part.name,
+                    "part_version": part.version,
+                    "window": SESSION_WINDOW_MS,
+                    "key": list(key),
+                    "start": window[0],
+                    "end": window[1],
+                    "limit": limit,
+                },
+            )
+            rows = await cursor.fetchall()
+        columns = [column.name for column in cursor.description or ()]
+        served = _served_of(columns, rows, metric.version)
+        sessions = [
+            StoredSession(start, state_of_columns(*state), int(duration))
+            for _, _, _, start, *state, duration, _ in rows
+            if start is not None
+        ]
+        return served, sessions
 
 
 _DOWN_STATES = ("57P01", "57P02", "57P03")

@@ -70,6 +70,8 @@ class SlicedResult:
     """Each group's points, ascending by start."""
     batch_status: str = "ok"
     """"unavailable": PostgreSQL did not answer; only windows from W on (rule 12)."""
+    stamp: str | None = None
+    """The served row the batch cells were read under (its `xmin`)."""
 
 
 @dataclass
@@ -81,6 +83,8 @@ class ReadResult:
     speed_states: int = 0
     batch_status: str = "ok"
     """"unavailable": PostgreSQL did not answer; only windows from W on (rule 12)."""
+    stamp: str | None = None
+    """The served row the batch cells were read under (its `xmin`)."""
 
 
 class SpeedCells(NamedTuple):
@@ -176,6 +180,7 @@ class MergedView:
             batch_cells=len(plan.batch) - len(plan.composed) + len(plan.mixed) + len(stored),
             speed_states=sum(map(len, by_start.values())),
             batch_status=batch_status(plan.served),
+            stamp=plan.served.stamp,
         )
         result.points.extend(self._key_speed_points(name, plan, by_start, options))
         return result
@@ -225,6 +230,7 @@ class MergedView:
             len(stored),
             speed.states,
             batch_status=batch_status(plan.served),
+            stamp=plan.served.stamp,
         )
         for window in plan.windows:
             points = plan.known[window] if window in plan.known else merged[window]
@@ -266,7 +272,9 @@ class MergedView:
         watermark = plan.served.watermark
         if plan.known is not None:
             ranked, batch_cells = plan.known
-            return ReadResult(watermark, speed.status, batch_cells=batch_cells), ranked
+            known = ReadResult(watermark, speed.status, batch_cells=batch_cells)
+            known.stamp = plan.served.stamp
+            return known, ranked
         _check_cells(len(stored) + speed.states, max_cells)
         cells = GroupedCells(stored, speed, selection, ranking.slot >= 0)
         parts = await compose(WindowPlan(plan.window.batch_cells, ()), cells)
@@ -287,6 +295,7 @@ class MergedView:
             batch_cells=len(stored),
             speed_states=speed_states,
             batch_status=batch_status(plan.served),
+            stamp=plan.served.stamp,
         )
         return result, ranked
 

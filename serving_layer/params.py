@@ -25,7 +25,7 @@ event time may have (so every stored cell of a base window dividing a day is rea
 
 def metric_of(settings: Settings, name: str) -> MetricPlan:
     metric = settings.plan(name)
-    if metric is None or metric.rollup is not None:
+    if metric is None or metric.rollup is not None or metric.session_part is not None:
         known = ", ".join(m.name for m in settings.metrics) or "none"
         raise not_found(f"unknown metric {name!r}; configured metrics: {known}")
     return metric

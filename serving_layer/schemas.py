@@ -47,6 +47,13 @@ class LookupInfo(BaseModel):
     alias: str = Field(alias="as", description="the name its fields are read by: `<as>.<field>`")
 
 
+class SessionInfo(BaseModel):
+    """A session metric's rule (rule 13 in docs/semantics.md)."""
+
+    gap: str
+    max_duration: str
+
+
 class MetricInfo(BaseModel):
     name: str
     source: str
@@ -74,6 +81,11 @@ class MetricInfo(BaseModel):
     )
     lookups: list[LookupInfo] = Field(
         default_factory=list, description="tables joined to each event as of its time"
+    )
+    session: SessionInfo | None = Field(
+        default=None,
+        description="a session metric: its points count the sessions starting in each window "
+        "(`sessions`, `bounces`, `duration_*_s`) and aggregate their events",
     )
 
 
@@ -148,6 +160,29 @@ class TopResponse(BaseModel):
     batch_status: BatchStatus = Field(description="ok, or unavailable: windows from W on only")
     speed_status: SpeedStatus
     items: list[TopItem]
+
+
+class SessionItem(BaseModel):
+    """One session: `start` its first event, `end` its last, then its events' aggregations."""
+
+    model_config = ConfigDict(extra="allow")
+    key: dict[str, str]
+    start: str
+    end: str
+    source: Literal["batch", "speed"]
+    events: int
+    duration_s: float
+
+
+class SessionsResponse(BaseModel):
+    metric: str
+    key: dict[str, str]
+    start: str
+    end: str
+    batch_watermark: str | None
+    speed_status: SpeedStatus
+    sessions: list[SessionItem]
+    truncated: bool = Field(description="more sessions started in the range than `limit`")
 
 
 class KeysResponse(BaseModel):

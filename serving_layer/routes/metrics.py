@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
 from serving_layer.auth import ReaderDep
 from serving_layer.deps import AsyncDbDep, ObserverDep, SettingsDep, ViewDep
-from serving_layer.errors import bad_request
-from serving_layer.merged_view import SlicedResult
+from serving_layer.errors import BatchViewUnsettled, bad_request
+from serving_layer.merged_view import MergedView, ReadResult, SlicedResult
 from serving_layer.observability import ServingMetrics
 from serving_layer.params import (
     answering_plan,
@@ -27,6 +29,7 @@ from serving_layer.params import (
     window_spec_of,
     windows_of,
 )
+from serving_layer.pools import AsyncDb
 from serving_layer.responses import JSONResponse
 from serving_layer.schemas import (
     GroupedSeriesResponse,
@@ -35,14 +38,28 @@ from serving_layer.schemas import (
     MetricInfo,
     MetricList,
     SeriesResponse,
+    SessionInfo,
+    SessionsResponse,
     TopResponse,
     problems,
 )
 from serving_layer.selection import Selection
+from serving_layer.sessions import (
+    SESSION_RANKINGS,
+    SessionRow,
+    join_points,
+    ranked_value,
+    session_outputs,
+    speed_sessions,
+)
 from serving_layer.timefmt import format_time
 from serving_layer.windowing import WindowSpec
+from shared.aggregations import DEFAULT_RENDER, Ranking, RenderOptions
+from shared.config import Settings
 from shared.durations import format_duration
 from shared.metric_plan import MetricPlan, read_plans
+from shared.speed_view import encode_key
+from shared.speed_view.held import SessionPlans
 from shared.windows import point_source, window_start, window_starts
 
 router = APIRouter(
@@ -87,8 +104,14 @@ def list_metrics(settings: SettingsDep) -> MetricList:
                 source=m.source.name,
                 key=list(m.key),
                 value=m.value,
-                aggregations=list(m.output_names),
-                by=list(m.output_names),
+                aggregations=_outputs(settings, m),
+                by=[*(SESSION_RANKINGS if m.sessions else ()), *m.output_names],
+                session=None
+                if m.config.session is None
+                else SessionInfo(
+                    gap=format_duration(m.config.session.gap),
+                    max_duration=format_duration(m.config.session.max_duration),
+                ),
                 windows=[format_duration(w) for w in m.windows_ms],
                 grace=format_duration(m.grace_ms) if m.grace_ms else "0s",
                 version=m.version,
@@ -103,6 +126,13 @@ def list_metrics(settings: SettingsDep) -> MetricList:
             for m in read_plans(settings.plans.values())
         ]
     )
+
+
+def _outputs(settings: Settings, metric: MetricPlan) -> list[str]:
+    """What a point of `metric` carries by default besides start/end/source."""
+    if metric.sessions is None:
+        return list(metric.output_names)
+    return session_outputs(SessionPlans.of(metric, settings.plans.values()), DEFAULT_RENDER)
 
 
 @router.get(
@@ -194,39 +224,157 @@ async def series(
     if not 1 <= limit <= settings.serving.max_groups:
         raise bad_request(f"limit must be between 1 and {settings.serving.max_groups}")
     check_windows(settings, metric, spec, start_ms, end_ms)
-    pre_rolled = step is None and tz is None and window_ms in metric.windows_ms
-    key = selection.exact_key
-    if key is None or not pre_rolled:
-        windows = windows_of(metric, spec, start_ms, end_ms)
-        plan, read = answering_plan(settings, metric, selection)
-        rolled_key = read.exact_key
-        if rolled_key is not None and pre_rolled:  # one key of a rollup: its cached exact path
-            one = await view.series(
-                db, plan, window_ms, window_starts(start_ms, end_ms, window_ms), rolled_key, options
-            )
-            sliced = SlicedResult(
-                one.watermark,
-                one.speed_status,
-                one.batch_cells,
-                one.speed_states,
-                {(): one.points},
-                one.batch_status,
-            )
-        else:
-            sliced = await view.sliced_series(db, plan, windows, read, options)
-        return _sliced_answer(observer, metric, spec, selection, limit, sliced)
-    result = await view.series(
-        db, metric, window_ms, window_starts(start_ms, end_ms, window_ms), key, options
+    read = SeriesRead(
+        settings,
+        view,
+        db,
+        spec,
+        (start_ms, end_ms),
+        selection,
+        options,
+        step is None and tz is None,
     )
+    if metric.sessions is None:
+        result = await read.of(metric)
+    else:
+        result = await read.sessions(SessionPlans.of(metric, settings.plans.values()))
+    if isinstance(result, SlicedResult):
+        return _sliced_answer(observer, metric, spec, selection, limit, result)
     observer.observe_merge("series", result)
     body = {
         "metric": metric.name,
         "window": format_duration(window_ms),
-        "key": dict(zip(metric.key, key, strict=True)),
+        "key": selection.fixed,
         "batch_watermark": _w(result.watermark),
         "batch_status": result.batch_status,
         "speed_status": result.speed_status,
         "points": result.points,
+    }
+    return JSONResponse(body)
+
+
+@dataclass(frozen=True)
+class SeriesRead:
+    """A series request, read for a plan through the one read pipeline (`merged_view`)."""
+
+    settings: Settings
+    view: MergedView
+    db: AsyncDb
+    spec: WindowSpec
+    window: tuple[int, int]
+    selection: Selection
+    options: RenderOptions
+    plain: bool
+    """No `step` or `tz` was asked."""
+
+    async def of(self, metric: MetricPlan) -> ReadResult | SlicedResult:
+        """One key of a configured window by its exact, cached path (`ReadResult`); any other
+        series merged over the keys passing the filters, of the metric or its smallest
+        covering rollup (`SlicedResult`)."""
+        start_ms, end_ms = self.window
+        size = self.spec.size_ms
+        pre_rolled = self.plain and size in metric.windows_ms
+        key = self.selection.exact_key
+        if key is not None and pre_rolled:
+            starts = window_starts(start_ms, end_ms, size)
+            return await self.view.series(self.db, metric, size, starts, key, self.options)
+        windows = windows_of(metric, self.spec, start_ms, end_ms)
+        plan, read = answering_plan(self.settings, metric, self.selection)
+        rolled_key = read.exact_key
+        if rolled_key is None or not pre_rolled:
+            return await self.view.sliced_series(self.db, plan, windows, read, self.options)
+        starts = window_starts(start_ms, end_ms, size)  # one key of a rollup: its exact path
+        one = await self.view.series(self.db, plan, size, starts, rolled_key, self.options)
+        return SlicedResult(
+            one.watermark,
+            one.speed_status,
+            one.batch_cells,
+            one.speed_states,
+            {(): one.points},
+            one.batch_status,
+            one.stamp,
+        )
+
+    async def sessions(self, plans: SessionPlans) -> ReadResult | SlicedResult:
+        """A session metric's series: its three plans read alike, under one served row
+        (read again when a run published between them), joined window by window."""
+        for _ in range(_SESSION_READS):
+            events, sessions, bounces = await asyncio.gather(
+                self.of(plans.metric), self.of(plans.sessions), self.of(plans.bounces)
+            )
+            if events.stamp == sessions.stamp == bounces.stamp:
+                break
+        else:
+            raise BatchViewUnsettled("the batch view changed during the read several times; retry")
+        events.batch_cells += sessions.batch_cells + bounces.batch_cells
+        events.speed_states += sessions.speed_states + bounces.speed_states
+        if isinstance(events, ReadResult):
+            assert isinstance(sessions, ReadResult) and isinstance(bounces, ReadResult)
+            events.points = join_points(events.points, sessions.points, bounces.points)
+            return events
+        assert isinstance(sessions, SlicedResult) and isinstance(bounces, SlicedResult)
+        for group, points in events.groups.items():
+            events.groups[group] = join_points(
+                points, sessions.groups.get(group, []), bounces.groups.get(group, [])
+            )
+        return events
+
+
+_SESSION_READS = 4
+"""How often a session series reads its three plans before answering 503 (a run published
+between them each time)."""
+
+
+@router.get(
+    "/{metric_name}/sessions",
+    response_model=SessionsResponse,
+    response_class=JSONResponse,
+    description=(
+        "One key's sessions (a session metric, rule 13) starting in `[start, end)`, ascending: "
+        "the batch view's before W, the speed view's from W on. Every key dimension is given "
+        "once."
+    ),
+)
+async def sessions(
+    metric_name: str,
+    request: Request,
+    settings: SettingsDep,
+    db: AsyncDbDep,
+    view: ViewDep,
+    start: StartQ,
+    end: Annotated[str, Query(description="sessions starting before this")],
+    limit: Annotated[int, Query(description="at most this many sessions, the first ones")] = 100,
+    q: QuantilesQ = None,
+) -> JSONResponse:
+    metric = metric_of(settings, metric_name)
+    if metric.sessions is None:
+        raise bad_request(f"{metric.name} is not a session metric; use /series")
+    start_ms, end_ms = range_of(start, end)
+    check_supported(start_ms, end_ms, "[start, end)", "send times in years 1 to 9999")
+    options = options_of(q)
+    if not 1 <= limit <= settings.serving.max_keys_limit:
+        raise bad_request(f"limit must be between 1 and {settings.serving.max_keys_limit}")
+    selection = selection_of(metric, request.query_params, ("start", "end", "limit", "q"))
+    key = selection.exact_key
+    if key is None:
+        dims = ", ".join(f"{d}=..." for d in metric.key)
+        raise bad_request(f"name one key: give each of {metric.name}'s dimensions once ({dims})")
+    plans = SessionPlans.of(metric, settings.plans.values())
+    window = (start_ms, end_ms)
+    served, stored = await view.batch.sessions(db, metric, plans.sessions, key, window, limit + 1)
+    status, held = await view.speed.read_held(metric, encode_key(key))
+    rows = [SessionRow(s.start_ms, s.start_ms + s.duration_ms, s.state, "batch") for s in stored]
+    rows += speed_sessions(plans, held, served.watermark, window)
+    key_map = selection.fixed
+    body = {
+        "metric": metric.name,
+        "key": key_map,
+        "start": format_time(start_ms),
+        "end": format_time(end_ms),
+        "batch_watermark": _w(served.watermark),
+        "speed_status": status,
+        "sessions": [row.render(metric, key_map, options) for row in rows[:limit]],
+        "truncated": len(rows) > limit,
     }
     return JSONResponse(body)
 
@@ -257,7 +405,7 @@ async def top(
     metric = metric_of(settings, metric_name)
     window_ms = window_of(metric, window)
     at_ms = time_of("at", at)
-    ranking = by_of(metric, by, options_of(q))
+    ranked_plan, ranking = _ranking_of(settings, metric, by, options_of(q))
     selection = selection_of(
         metric,
         request.query_params,
@@ -272,7 +420,7 @@ async def top(
     start_ms = window_start(at_ms, window_ms)
     end_ms = start_ms + window_ms
     check_supported(start_ms, end_ms, "the window holding `at`", "send a smaller window")
-    plan, read = answering_plan(settings, metric, selection)
+    plan, read = answering_plan(settings, ranked_plan, selection)
     result, ranked = await view.top(db, plan, window_ms, start_ms, ranking, read)
     observer.observe_merge("top", result)
     source = point_source(start_ms, end_ms, result.watermark)
@@ -288,13 +436,33 @@ async def top(
         "items": [
             {
                 "key": dict(zip(selection.group_by, key, strict=True)),
-                "value": value,
+                "value": ranked_value(by, value),
                 "source": source,
             }
             for key, value in ranked[:n]
         ],
     }
     return JSONResponse(body)
+
+
+def _ranking_of(
+    settings: Settings, metric: MetricPlan, by: str, options: RenderOptions
+) -> tuple[MetricPlan, Ranking]:
+    """The plan `top` reads and how it ranks it: a session output through the part holding
+    it (`SESSION_RANKINGS`), else one of the metric's outputs."""
+    if metric.sessions is None:
+        return metric, by_of(metric, by, options)
+    plans = SessionPlans.of(metric, settings.plans.values())
+    if by in SESSION_RANKINGS:
+        part_name, part_by = SESSION_RANKINGS[by]
+        part = plans.sessions if part_name == "sessions" else plans.bounces
+        return part, by_of(part, part_by, options)
+    if by not in plans.metric.aggregations.output_names(options):
+        names = [*SESSION_RANKINGS, *metric.aggregations.output_names(options)]
+        raise bad_request(
+            f"by={by!r} is not an output of {metric.name}; use one of " + ", ".join(names)
+        )
+    return metric, by_of(metric, by, options)
 
 
 def _sliced_answer(

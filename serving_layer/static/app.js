@@ -139,7 +139,8 @@ async function selectMetric() {
   const field = $("field");
   const previousField = field.value;
   field.innerHTML = "";
-  m.aggregations.forEach((a) => option(field, a, a, a === previousField || (!previousField && a === "count")));
+  const preferred = m.session ? "sessions" : "count";
+  m.aggregations.forEach((a) => option(field, a, a, a === previousField || (!previousField && a === preferred)));
   if (changed) {
     state.filters = {};
     buildDimensionPickers(m);
@@ -327,6 +328,38 @@ async function refreshSeries() {
     drawEmpty(errorText(error), true);
   }
   $("chart").dataset.query = query;
+  refreshSessions(start, end).catch(showError);
+}
+
+// One key's sessions (a session metric with every key dimension fixed): the batch view's
+// before W, the speed view's after, newest first.
+async function refreshSessions(start, end) {
+  const m = state.metric;
+  const card = $("sessions-card");
+  const oneKey = m && m.session && m.key.every((d) => d in state.filters);
+  card.hidden = !oneKey;
+  if (!oneKey) return;
+  const params = new URLSearchParams({ start: iso(start), end: iso(end), limit: "1000" });
+  appendFilters(params, state.filters);
+  const body = await api(metricPath(m, "sessions") + params.toString());
+  const outputs = m.aggregations.filter((a) => body.sessions.some((s) => a in s));
+  $("sessions-title").textContent =
+    `Sessions of ${keyLabel(m.key, state.filters)} (${body.sessions.length}${body.truncated ? "+" : ""})`;
+  $("sessions-head").innerHTML = "<tr><th>start</th><th>end</th><th>source</th><th>events</th>" +
+    "<th>duration</th>" + outputs.map((a) => `<th>${esc(a)}</th>`).join("") + "</tr>";
+  const tbody = $("sessions");
+  tbody.innerHTML = "";
+  if (!body.sessions.length) {
+    tbody.innerHTML = `<tr><td colspan="${5 + outputs.length}" class="muted">no session in the range</td></tr>`;
+  }
+  const span = end - start;
+  body.sessions.slice().reverse().forEach((s) => {
+    const tr = document.createElement("tr");
+    tr.innerHTML = `<td>${shortTime(Date.parse(s.start), span)}</td><td>${shortTime(Date.parse(s.end), span)}</td>` +
+      `<td><i class="dot ${s.source}"></i>${s.source}</td><td>${s.events}</td>` +
+      `<td>${fmt(s.duration_s / 60)} min</td>` + outputs.map((a) => `<td>${fmt(s[a])}</td>`).join("");
+    tbody.appendChild(tr);
+  });
 }
 
 function updateHeader(status, watermark, batchStatus) {

@@ -26,6 +26,7 @@ from shared.speed_view.keys import (
     cell_key,
     cell_key_prefix,
     fence_key,
+    sessions_key,
 )
 
 
@@ -185,6 +186,23 @@ class SpeedViewReader:
                 for encoded, state in reply.items():
                     cell.setdefault(encoded, []).append(state)
         return status, by_start
+
+    async def read_held(self, plan: MetricPlan, key: bytes) -> tuple[str, list[bytes]]:
+        """Status and one key's held events of a session metric on every partition holding
+        any (`held`), in one round trip."""
+        if not self._available():
+            return "unavailable", []
+        topic, partitions = plan.source.topic, plan.source.partitions
+
+        def queue(pipe: Any) -> None:
+            _queue_status(pipe)
+            for partition in range(partitions):
+                pipe.hget(sessions_key(topic, partition, plan.name, plan.version), key)
+
+        replies = await self._pipelined(queue)
+        if replies is None:
+            return "unavailable", []
+        return speed_status_of(replies[0], replies[1]), [r for r in replies[2:] if r is not None]
 
     async def read_fields(self, plan: MetricPlan, starts: Sequence[int]) -> tuple[str, set[bytes]]:
         """Status and the encoded keys present in the given base cells."""

@@ -663,9 +663,13 @@ def test_a_session_metric_needs_a_session_key(
     assert "a session metric needs a key" in message
 
 
-def test_a_valid_session_metric_is_refused_until_the_layers_compute_sessions(
+def test_a_valid_session_metric_loads_with_its_parts(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    message = config_error(monkeypatch, tmp_path, _session_metric(gap="30m", max_duration="12h"))
-    assert "metrics ['views_by_page']: session metrics" in message
-    assert "not computed by every layer of this version yet" in message
+    write_config(monkeypatch, tmp_path, _session_metric(gap="30m", max_duration="12h"))
+    settings = load_settings()
+    metric = settings.plan("views_by_page")
+    assert metric is not None and metric.sessions is not None
+    assert metric.sessions.rule.max_duration_ms == 12 * 3_600_000
+    assert settings.plan("views_by_page(sessions)") is not None
+    assert settings.plan("views_by_page(bounces)") is not None
