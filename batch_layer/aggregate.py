@@ -58,7 +58,12 @@ class SourceRead:
     recompute_from: dict[str, int] = field(default_factory=dict)
     """metric -> the start (a boundary of all its windows) from which the run recomputes the
     metric's cells from every event, counted before or not (a joined table changed there,
-    rule 11); its earlier cells only take in the new events."""
+    rule 11; a session metric's new events, rule 13); its earlier cells only take in the new
+    events."""
+    session_seeds: Mapping[str, Mapping[tuple[str, ...], int]] = field(default_factory=dict)
+    """Session metric -> key -> the last event time of the key's last stored session starting
+    before the metric's `recompute_from`: its events are that session's, not re-read ones'
+    (rule 13)."""
 
     @property
     def rereads(self) -> int | None:
@@ -178,14 +183,21 @@ def _sketch_columns(metrics: Sequence[MetricPlan]) -> list[tuple[SketchKind, int
     ]
 
 
-def base_cells(events: DataFrame, metrics: Sequence[MetricPlan]) -> DataFrame:
+def base_cells(
+    events: DataFrame,
+    metrics: Sequence[MetricPlan],
+    seeds: Mapping[str, Mapping[tuple[str, ...], int]] | None = None,
+) -> DataFrame:
     """Every metric's base-window cells of the given events: the plain columns and the
     sketch columns `<kind>_<i>`, built by the registry's Spark partial aggregates. `metrics`
     may hold rollups and session parts; the events are read for the others.
 
     The inputs are shuffled by cell start first, so each cell is aggregated in one task with
     no partial aggregation: a partial `hll_sketch_agg` hardly reduces (most cells are small)
-    yet serializes and re-merges a sketch per cell and task — measured twice as slow."""
+    yet serializes and re-merges a sketch per cell and task — measured twice as slow.
+
+    `seeds` (session metric -> key -> a time) keep a session metric's events of a key up to
+    that time out of its sessions (`SourceRead.session_seeds`)."""
     plans = read_plans(metrics)
     inputs = metric_inputs(events, plans, _kinds(metrics))
     sessions = [m.name for m in plans if m.sessions is not None]
@@ -204,8 +216,21 @@ def base_cells(events: DataFrame, metrics: Sequence[MetricPlan]) -> DataFrame:
     )
     if not sessions:
         return cells
-    in_sessions = inputs.where(F.col("metric").isin(sessions))
+    in_sessions = _after_seeds(inputs.where(F.col("metric").isin(sessions)), seeds or {})
     return cells.unionByName(_session_cells(in_sessions, metrics, _tasks(events)))
+
+
+def _after_seeds(
+    inputs: DataFrame, seeds: Mapping[str, Mapping[tuple[str, ...], int]]
+) -> DataFrame:
+    """Session metrics' input rows without those at or before their key's seed time."""
+    rows = [(m, list(key), t) for m, by_key in seeds.items() for key, t in by_key.items()]
+    if not rows:
+        return inputs
+    schema = "metric string, key array<string>, seed_ms bigint"
+    seeded = inputs.sparkSession.createDataFrame(rows, schema)
+    after = F.col("seed_ms").isNull() | (F.col("time_ms") > F.col("seed_ms"))
+    return inputs.join(seeded, ["metric", "key"], "left").where(after).drop("seed_ms")
 
 
 def _session_cells(inputs: DataFrame, metrics: Sequence[MetricPlan], tasks: int) -> DataFrame:
@@ -621,7 +646,7 @@ def aggregate_source(
         events = _counted_once(events, plans, read, is_fresh)
         cells = pa.table({})
         if metrics:
-            base = with_rollups(base_cells(events, metrics), metrics)
+            base = with_rollups(base_cells(events, metrics, read.session_seeds), metrics)
             cells = cells_of(base, metrics).toArrow()
         return SourceResult(
             cells=cells,

@@ -12,7 +12,6 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 import psutil
 import psycopg
 import pyarrow as pa
@@ -22,7 +21,7 @@ from pyspark.sql import SparkSession
 from batch_layer.aggregate import SourceResult, aggregate_source
 from batch_layer.decode import InputLayout
 from batch_layer.errors import RunNotExecutable
-from batch_layer.kafka_source import plan_slices
+from batch_layer.kafka_source import plan_slices, source_rows
 from batch_layer.lookups import read_versions
 from batch_layer.progress import SPARK_SHARE, RunProgress
 from batch_layer.publish import Publication
@@ -32,7 +31,6 @@ from shared.config import RunMode, Settings, SourceConfig
 from shared.db.connect import connect
 from shared.db.runs import RunRecord, get_run, mark_failed, try_runner_lock
 from shared.db.served import ServedView
-from shared.kafka import reader_options
 from shared.metric_plan import read_plans, versions_of
 
 log = logging.getLogger(__name__)
@@ -221,19 +219,7 @@ def _read_and_aggregate(
     ends = {int(p): offset for p, offset in plan.snapshot[source.topic].items()}
     read = plan.source_read(source, metrics)
     slices = plan_slices(read.starts, ends, settings.spark.max_offsets_per_slice)
-    rows = (
-        spark.read.format("lambda_kafka")
-        .options(**reader_options(settings.kafka))
-        .option("source", source.model_dump_json())
-        .option(
-            "metrics",
-            orjson.dumps([m.config.model_dump(mode="json") for m in read_plans(metrics)]).decode(),
-        )
-        .option("tables", orjson.dumps([t.model_dump() for t in settings.tables]).decode())
-        .option("slices", orjson.dumps(slices).decode())
-        .option("fast_path", "true" if settings.spark.fast_path else "false")
-        .load()
-    )
+    rows = source_rows(spark, settings, source, metrics, slices)
 
     joins = InputLayout.of(read_plans(metrics)).joins
     versions = {

@@ -40,15 +40,17 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from batch_layer.decode import Decoder, InputLayout
 from batch_layer.errors import ReadStalledError
-from shared.config import MetricConfig, SourceConfig, TableConfig
+from shared.config import MetricConfig, Settings, SourceConfig, TableConfig
 from shared.gc_tuning import collector_paused
-from shared.kafka import client_config_of_options
-from shared.metric_plan import MetricPlan, compile_plan
+from shared.kafka import client_config_of_options, reader_options
+from shared.metric_plan import MetricPlan, compile_plan, read_plans
 
 log = logging.getLogger(__name__)
 
@@ -234,3 +236,44 @@ def _records_only(messages: list[Any]) -> list[Any]:
         else:
             log.warning("kafka client error while reading a slice (retried): %s", error)
     return records
+
+
+def source_rows(
+    spark: SparkSession,
+    settings: Settings,
+    source: SourceConfig,
+    metrics: Sequence[MetricPlan],
+    slices: Sequence[Any],
+) -> DataFrame:
+    """The metric-input rows of `source`'s records in `slices` (`plan_slices`), for the
+    metrics read from the events (`read_plans`)."""
+    return (
+        spark.read.format("lambda_kafka")
+        .options(**reader_options(settings.kafka))
+        .option("source", source.model_dump_json())
+        .option(
+            "metrics",
+            orjson.dumps([m.config.model_dump(mode="json") for m in read_plans(metrics)]).decode(),
+        )
+        .option("tables", orjson.dumps([t.model_dump() for t in settings.tables]).decode())
+        .option("slices", orjson.dumps(slices).decode())
+        .option("fast_path", "true" if settings.spark.fast_path else "false")
+        .load()
+    )
+
+
+def earliest_event(
+    spark: SparkSession,
+    settings: Settings,
+    source: SourceConfig,
+    starts: Mapping[int, int],
+    ends: Mapping[int, int],
+) -> int | None:
+    """The earliest event time of `source`'s valid records in `[starts, ends)` (partition ->
+    offset; None: no valid record there)."""
+    slices = plan_slices(dict(starts), dict(ends), settings.spark.max_offsets_per_slice)
+    if not slices:
+        return None
+    rows = source_rows(spark, settings, source, [], slices)
+    earliest = rows.where(F.col("malformed").isNull()).agg(F.min("time_ms")).collect()[0][0]
+    return None if earliest is None else int(earliest)

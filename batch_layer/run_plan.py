@@ -17,7 +17,10 @@ past the served snapshot, an incremental run also recomputes that metric's cells
 earliest time those versions are valid from, from every event (rule 11): it re-reads each
 partition from the first offset of an event at or after that time (the rebuild index says
 where when it reaches back that far, else the history index from that UTC day on, else from
-offset 0) and replaces those cells."""
+offset 0) and replaces those cells. A session metric (and its parts) is recomputed the same
+way from `max_duration` before its source's earliest new event, each key continued from its
+last stored session before that (rule 13); a range run of a configuration holding one runs
+full."""
 
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ from pyspark.sql import SparkSession
 
 from batch_layer.aggregate import IdLookup, SourceRead, SourceResult
 from batch_layer.errors import LogRewoundError
+from batch_layer.kafka_source import earliest_event
 from batch_layer.lookups import earliest_change
 from batch_layer.publish import (
     FullGeneration,
@@ -52,7 +56,8 @@ from shared.db.cells import BatchCell
 from shared.db.connect import connect
 from shared.db.runs import RunRecord
 from shared.db.served import ServedView, read_served
-from shared.metric_plan import MetricPlan, versions_of
+from shared.db.sessions import boundary_sessions
+from shared.metric_plan import MetricPlan, session_part_name, versions_of
 from shared.windows import window_start
 
 log = logging.getLogger(__name__)
@@ -143,7 +148,10 @@ class IncrementalRun(RunPlan):
     recompute_from: dict[str, int] = field(default_factory=dict)
     """metric -> the start of the cells recomputed from every event (a boundary of all its
     windows): where the earliest version of a joined table read since the served snapshot is
-    valid from (rule 11)."""
+    valid from (rule 11); for a session metric, `max_duration` before its source's earliest
+    new event (rule 13)."""
+    session_seeds: dict[str, dict[tuple[str, ...], int]] = field(default_factory=dict)
+    """`SourceRead.session_seeds` of every source."""
 
     def source_read(self, source: SourceConfig, metrics: Sequence[MetricPlan]) -> SourceRead:
         served = self._served()
@@ -151,13 +159,18 @@ class IncrementalRun(RunPlan):
         recompute_from = {
             m.name: self.recompute_from[m.name] for m in metrics if m.name in self.recompute_from
         }
+        seeds = {
+            m.name: self.session_seeds[m.name] for m in metrics if m.name in self.session_seeds
+        }
         index = served.rebuild_index.get(source.topic)
         if index is None:  # published before the index existed: find the events after W again
             rebuild = {int(p): o for p, o in served.rebuild_from.get(source.topic, {}).items()}
             starts = {p: min(o, rebuild.get(p, o)) for p, o in fresh_from.items()}
             if recompute_from:
                 starts = {}
-            return SourceRead(starts, fresh_from, recompute_from=recompute_from)
+            return SourceRead(
+                starts, fresh_from, recompute_from=recompute_from, session_seeds=seeds
+            )
         previous = {int(p): pairs for p, pairs in index.items()}
         history = (served.history_index or {}).get(source.topic)
         days = None if history is None else {int(p): pairs for p, pairs in history.items()}
@@ -172,7 +185,7 @@ class IncrementalRun(RunPlan):
                 if reread is None
                 else {p: min(o, reread.get(p, o)) for p, o in fresh_from.items()}
             )
-        return SourceRead(starts, fresh_from, previous, days, recompute_from)
+        return SourceRead(starts, fresh_from, previous, days, recompute_from, seeds)
 
     def _index_threshold(self, metrics: Sequence[MetricPlan]) -> int | None:
         """The time from which the served rebuild index holds every event: the threshold the
@@ -252,9 +265,11 @@ def plan_run(
     ):
         log.info("run %s: served cells are of other metric versions; running full", record.id)
         mode = "full"
-    if mode != "full" and any(m.sessions is not None for m in settings.plans.values()):
+    if mode == "range" and any(m.sessions is not None for m in settings.plans.values()):
         log.info(
-            "run %s: session metrics are recomputed by full runs only; running full", record.id
+            "run %s: a range would cut sessions at its bounds; session metrics are recomputed "
+            "by incremental and full runs only: running full",
+            record.id,
         )
         mode = "full"
     if mode == "full":
@@ -277,7 +292,14 @@ def plan_run(
                 record.id,
                 ", ".join(f"{m} from {since}" for m, since in sorted(recompute_from.items())),
             )
-        return IncrementalRun(snapshot, served, recompute_from=recompute_from)
+        for name, since in _sessions_from(settings, spark, snapshot, served).items():
+            recompute_from[name] = min(since, recompute_from.get(name, since))
+        for metric in settings.plans.values():  # a session part is recomputed with its metric
+            if metric.session_part is not None and metric.session_part.parent in recompute_from:
+                recompute_from[metric.name] = recompute_from[metric.session_part.parent]
+        seeds = _session_seeds(conn, settings, served, recompute_from)
+        conn.commit()
+        return IncrementalRun(snapshot, served, recompute_from=recompute_from, session_seeds=seeds)
     assert record.range_start_ms is not None and record.range_end_ms is not None
     plans = settings.plans.values()
     largest = max(w for m in plans for w in m.windows_ms)
@@ -314,6 +336,50 @@ def _recompute_from(
         if times:
             recompute_from[metric.name] = metric.windows.floor_aligned(min(times))
     return recompute_from
+
+
+def _sessions_from(
+    settings: Settings, spark: SparkSession, snapshot: Snapshot, served: ServedView
+) -> dict[str, int]:
+    """Session metric -> the start from which an incremental run recomputes its cells and its
+    parts' (rule 13): its source's earliest new event time less `max_duration`, floored to a
+    boundary of all its windows. A stored session starting before that lies wholly
+    `max_duration` before every new event, so none can join, bridge or re-cut it."""
+    recompute_from: dict[str, int] = {}
+    for source in settings.sources:
+        plans = settings.plans_of(source)
+        owners = [m for m in plans if m.sessions is not None and m.session_part is None]
+        if not owners:
+            continue
+        ends = {int(p): o for p, o in snapshot[source.topic].items()}
+        starts = {int(p): o for p, o in served.snapshot.get(source.topic, {}).items()}
+        earliest = earliest_event(spark, settings, source, starts, ends)
+        if earliest is None:
+            continue
+        for metric in owners:
+            assert metric.sessions is not None
+            since = earliest - metric.sessions.rule.max_duration_ms
+            recompute_from[metric.name] = metric.windows.floor_aligned(since)
+    return recompute_from
+
+
+def _session_seeds(
+    conn: psycopg.Connection[Any],
+    settings: Settings,
+    served: ServedView,
+    recompute_from: Mapping[str, int],
+) -> dict[str, dict[tuple[str, ...], int]]:
+    """Session metric -> key -> the last event time of its last stored session starting
+    before the metric's recomputed cells, when it may reach them (`boundary_sessions`)."""
+    seeds: dict[str, dict[tuple[str, ...], int]] = {}
+    for metric in settings.plans.values():
+        since = recompute_from.get(metric.name)
+        if metric.sessions is None or metric.session_part is not None or since is None:
+            continue
+        part = settings.plans[session_part_name(metric.name, "sessions")]
+        found = boundary_sessions(conn, served.generation, metric, part, since)
+        seeds[metric.name] = {key: session.last for key, session in found.items()}
+    return seeds
 
 
 def _id_lookup(postgres_url: str, source: str) -> IdLookup:

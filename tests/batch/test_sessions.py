@@ -16,6 +16,7 @@ from pyspark.sql.types import ArrayType, LongType, StringType, StructField, Stru
 
 from batch_layer import execute_run
 from batch_layer.sessions import DURATION_COLUMN, SESSION_COLUMN, with_sessions
+from lambdactl.generator import GeneratorSpec
 from shared.db.connect import connect
 from shared.db.runs import RunRequest
 from shared.db.sessions import boundary_sessions
@@ -27,6 +28,7 @@ from tests.batch.helpers import (
     full_run_of,
     oracle_mismatches,
     produce_raw,
+    produce_spec,
     queue,
     run_record,
     served_view,
@@ -199,11 +201,23 @@ def test_a_full_run_of_session_metrics_equals_the_oracle(platform: Platform, spa
         found = boundary_sessions(conn, served.generation, visits, sessions_part, w_visits)
     assert found == seeds
 
-    # A late event bridging two of those sessions, and a run asked to be incremental: the
-    # session metrics are recomputed whole (by a full run) and still equal the oracle.
+    # Incremental runs: late events bridging sessions of the served view (each key continued
+    # from its last session starting max_duration before the earliest new event), then
+    # events after the snapshot extending its last sessions; each equals the oracle.
     produce_raw(settings, _bridging(now - 3 * HOUR + 20 * MINUTE, "again"))
-    again = queue(settings, RunRequest("incremental"))
-    execute_run(settings, spark, again)
-    assert run_record(settings, again).status == "succeeded"
-    assert run_record(settings, again).executed_mode == "full"
+    for seed in (None, 31):
+        if seed is not None:
+            produce_spec(
+                settings, GeneratorSpec(now - HOUR, now, 600, late_fraction=0.0, seed=seed)
+            )
+        again = queue(settings, RunRequest("incremental"))
+        execute_run(settings, spark, again)
+        assert run_record(settings, again).status == "succeeded"
+        assert run_record(settings, again).executed_mode == "incremental"
+        assert oracle_mismatches(settings, world.config) == []
+
+    # A range would cut sessions at its bounds: it runs full.
+    ranged = queue(settings, RunRequest("range", now - 2 * HOUR, now - HOUR))
+    execute_run(settings, spark, ranged)
+    assert run_record(settings, ranged).executed_mode == "full"
     assert oracle_mismatches(settings, world.config) == []
