@@ -2,7 +2,7 @@
 freshness through `GET /series`, and Redis memory per cell.
 
     .venv/bin/python bench/speed.py [--quick] [--events N] [--partitions P]
-        [--peers] [--expressions] [--lookups [--table-keys K]] [--profile DIR]
+        [--peers] [--expressions] [--lookups [--table-keys K]] [--sessions] [--profile DIR]
         [--skip-freshness]
 
 Brings up the local stack (`lambdactl.stack.stack_up`), gives itself a fresh topic, a fresh
@@ -34,6 +34,11 @@ flushed), then:
    not in it. The read is timed to the worker's `event=tables_read` log line when the log has
    it; either way, `lookup_first_batch_s` and `plain_first_batch_s` (from each worker's start
    to its first applied batch, the plain run's after it) differ by about the read's time;
+5c. with `--sessions`: likewise a worker with a session metric beside the bench's metrics
+   (`SESSION_METRIC`: sessions per user, gap 30m, cut at 4h, rule 13), then a plain one again:
+   `session_ratio` is its events/s over the mean of the plain runs around it. No batch run
+   publishes in the bench, so W stays None and the worker holds every accepted event of the
+   session metric (the held events a run would let it drop from W on);
 6. with `--peers`: the engines users would pick instead (`bench/peers`), one after the other
    over the same topic from its beginning, each under a fresh application id: Kafka Streams
    `at_least_once`, Kafka Streams `exactly_once_v2` and quix-streams (at-least-once);
@@ -53,6 +58,7 @@ Ends with one line:
 kstreams_eos_per_s=<n> quix_per_s=<n> vs_kstreams=<r> vs_kstreams_eos=<r> vs_quix=<r>]
 [expr_events_per_s=<n> expr_ratio=<r>] [lookup_events_per_s=<n> lookup_ratio=<r>
 lookup_first_batch_s=<s> plain_first_batch_s=<s> [lookup_table_read_s=<s>]]
+[session_events_per_s=<n> session_ratio=<r>]
 freshness_p50_ms=<n> freshness_p99_ms=<n> redis_bytes_per_cell=<n> broker_cpu_s=<s>
 broker_rss_mb=<n>` (on one line; the broker's figures cover the worker's run; `vs_<peer>` is
 the worker's events/s over the peer's; `expr_ratio` as in step 5, the `lookup_` fields as in
@@ -151,6 +157,7 @@ def build_config(
     quantiles: bool = True,
     expressions: bool = False,
     lookups: bool = False,
+    sessions: bool = False,
 ) -> dict[str, Any]:
     base, _, _ = stack.postgres.url.rpartition("/")
     rbase, _, _ = stack.redis.url.rpartition("/")
@@ -168,6 +175,8 @@ def build_config(
             }
         ]
         platform["metrics"] = [with_lookup(m) for m in platform["metrics"]]
+    if sessions:
+        platform["metrics"] = [*platform["metrics"], SESSION_METRIC]
     return {
         **platform,
         "kafka": {"bootstrap_servers": stack.kafka.bootstrap_servers},
@@ -389,8 +398,21 @@ def stop_profile(spy: subprocess.Popen[bytes]) -> None:
         spy.kill()
 
 
-VARIANTS = ("plain", "expr", "lookup")
-"""The reruns' metrics: the bench's own, `with_expressions`, `with_lookup` (with the table)."""
+VARIANTS = ("plain", "expr", "lookup", "session")
+"""The reruns' metrics: the bench's own, `with_expressions`, `with_lookup` (with the table),
+with `SESSION_METRIC` beside them."""
+
+SESSION_METRIC: dict[str, Any] = {
+    "name": "user_sessions",
+    "source": "pageviews",
+    "key": ["user_id"],
+    "value": "latency_ms",
+    "aggregations": ["count", "sum", "avg"],
+    "session": {"gap": "30m", "max_duration": "4h"},
+    "windows": ["1h", "1d"],
+    "grace": "2m",
+}
+"""`--sessions`: sessions per user (rule 13), as `bench/batch.py --sessions` runs it."""
 
 
 def rerun_worker(
@@ -417,6 +439,7 @@ def rerun_worker(
         quantiles=not args.no_quantiles,
         expressions=variant == "expr",
         lookups=variant == "lookup",
+        sessions=variant == "session",
     )
     name = variant if profile is None else f"{variant}-profiled"
     config["speed"]["app_id"] = f"bench-{tag}-{name}"
@@ -647,6 +670,11 @@ def main() -> None:
         "--table-keys", type=int, default=100_000, help="--lookups' table size (keys)"
     )
     parser.add_argument(
+        "--sessions",
+        action="store_true",
+        help="also measure the worker with a session metric beside its metrics (rule 13)",
+    )
+    parser.add_argument(
         "--expr-redis-db",
         type=int,
         default=12,
@@ -661,7 +689,7 @@ def main() -> None:
         "writing DIR/speed-<plain|expr|lookup>.txt (collapsed stacks)",
     )
     args = parser.parse_args()
-    if (args.expressions or args.lookups) and args.expr_redis_db == args.redis_db:
+    if (args.expressions or args.lookups or args.sessions) and args.expr_redis_db == args.redis_db:
         parser.error("--expr-redis-db must differ from --redis-db")
     if args.peers:  # prepared before anything is measured; fails here if Java/Maven are missing
         started = time.perf_counter()
@@ -760,6 +788,16 @@ def main() -> None:
             )
             if read_s is not None:
                 extra += f"lookup_table_read_s={read_s:.1f} "
+        if args.sessions:  # likewise between two plain runs
+            sessioned = rerun_worker(args, tag, stack, speed, ends, "session").rate
+            again = rerun_worker(args, tag, stack, speed, ends, "plain").rate
+            plain = (last_plain + again) / 2
+            log(
+                f"worker with a session metric beside its metrics: {sessioned:,.0f} events/s; "
+                f"plain again: {again:,.0f}; {sessioned / plain:.3f} of the plain runs' mean"
+            )
+            extra += f"session_events_per_s={sessioned:.0f} session_ratio={sessioned / plain:.3f} "
+            last_plain = again
         if args.peers:
             figures = measure_peers(
                 bootstrap,
@@ -775,11 +813,12 @@ def main() -> None:
         if args.profile is not None:
             args.profile.mkdir(parents=True, exist_ok=True)
             measured = ["plain"] + ["expr"] * args.expressions + ["lookup"] * args.lookups
+            measured += ["session"] * args.sessions
             for variant in measured:
                 out = args.profile / f"speed-{variant}.txt"
                 profiled = rerun_worker(args, tag, stack, speed, ends, variant, profile=out)
                 log(f"{variant} worker under py-spy: {profiled.rate:,.0f} events/s; {out}")
-        if args.peers or args.expressions or args.lookups or args.profile is not None:
+        if args.peers or args.expressions or args.lookups or args.sessions or args.profile:
             log(f"the idle worker used {cpu_seconds(worker.pid) - idle_cpu:.1f} CPU s meanwhile")
         p50 = p99 = float("nan")
         if not args.skip_freshness:

@@ -7,7 +7,7 @@ A series of sessions reads the three through the one read pipeline (`merged_view
 their points window by window (`join_points`): `sessions`, `bounces`, `duration_*_s`, then the
 metric's aggregations. `top` ranks by a session output through the part that holds it
 (`SESSION_RANKINGS`). One key's sessions are its window-0 cells before W and, from W on, its
-held events in the speed view cut into sessions (`speed_sessions`)."""
+session index in the speed view (`speed_sessions`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import orjson
 from serving_layer.timefmt import format_time
 from shared.aggregations import CellState, RenderOptions
 from shared.metric_plan import MetricPlan
-from shared.speed_view.held import HeldKey, SessionPlans, key_sessions
+from shared.speed_view.held import KeyIndex, SessionPlans
 
 SESSION_RANKINGS: Mapping[str, tuple[str, str]] = {
     "sessions": ("sessions", "count"),
@@ -114,7 +114,7 @@ class SessionRow(NamedTuple):
     last_ms: int
     state: CellState
     source: str
-    """`batch` (a window-0 cell before W) or `speed` (held events from W on)."""
+    """`batch` (a window-0 cell before W) or `speed` (the speed view's index from W on)."""
 
     def render(
         self, metric: MetricPlan, key: Mapping[str, str], options: RenderOptions
@@ -132,22 +132,15 @@ class SessionRow(NamedTuple):
 
 
 def speed_sessions(
-    plans: SessionPlans,
-    held: Sequence[bytes],
-    watermark: int | None,
-    window: tuple[int, int],
+    indexes: Sequence[bytes], watermark: int | None, window: tuple[int, int]
 ) -> list[SessionRow]:
     """One key's sessions in the speed view starting in `window`, at or after W (before it
-    the batch view serves them): its held events on each partition, cut into sessions."""
-    windows = plans.metric.sessions
-    assert windows is not None
-    rows = []
+    the batch view serves them): its session index on each partition holding one."""
     floor = window[0] if watermark is None else max(window[0], watermark)
-    for data in held:
-        key = HeldKey.decode(data)
-        for session in key_sessions(key.chain(windows.rule), key.events):
-            first = session.session.first
-            if floor <= first < window[1]:
-                state = plans.events_state([session])
-                rows.append(SessionRow(first, session.session.last, state, "speed"))
+    rows = [
+        SessionRow(held.first, held.last, held.state, "speed")
+        for data in indexes
+        for held in KeyIndex.decode(data).sessions
+        if floor <= held.first < window[1]
+    ]
     return sorted(rows, key=lambda row: row.start_ms)

@@ -46,10 +46,25 @@ from shared.speed_view import (
     decode_key,
     encode_key,
     ids_key,
+    session_events_key,
     sessions_key,
 )
-from shared.speed_view.held import HeldEvent, HeldKey, KeySession, SessionPlans
-from speed_layer.sessions import SessionSeeds, reseeded, resplit
+from shared.speed_view.held import (
+    HeldEvent,
+    KeyIndex,
+    SessionPlans,
+    event_lines,
+    read_event_lines,
+)
+from speed_layer.sessions import (
+    KeyUpdate,
+    SessionSeeds,
+    SlowPath,
+    fast_update,
+    needs_events,
+    reseeded,
+    tail_update,
+)
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +127,8 @@ class ViewState(Protocol):
         self, requests: Mapping[str, Sequence[bytes]]
     ) -> dict[str, list[bytes | None]]: ...
 
+    def read_strings(self, names: Sequence[str]) -> list[bytes | None]: ...
+
 
 @dataclass(frozen=True)
 class SourcePlan:
@@ -151,8 +168,9 @@ class SourceProcessor:
             for m in self.plan.metrics
             if m.sessions is not None and m.session_part is None
         }
-        self._seeded: dict[int, dict[str, int]] = {}
-        """Per partition, the generation each session metric was last continued from."""
+        self._seeded: dict[int, dict[str, str]] = {}
+        """Per partition, the published run (its stamp) each session metric was last continued
+        from."""
 
     @property
     def metrics(self) -> tuple[MetricPlan, ...]:
@@ -235,7 +253,7 @@ class SourceProcessor:
         stale = [
             (self.session_plans[name], run)
             for name, run in seeds.items()
-            if name in self.session_plans and seeded.get(name) != run.generation
+            if name in self.session_plans and seeded.get(name) != run.stamp
         ]
         if not stale:
             return APPLIED
@@ -245,13 +263,39 @@ class SourceProcessor:
             batch = ApplyBatch()
             for plans, run in stale:
                 held = self._store.held_keys(topic, partition, plans.metric)
-                _reseed_keys(plans, topic, partition, held, run, batch)
+                self._reseed_keys(plans, partition, held, run, batch)
             status = self._store.apply(topic, partition, fence, fence, batch)
             if status != APPLIED:
                 self.forget(partition)
                 return status
-        seeded.update((plans.metric.name, run.generation) for plans, run in stale)
+        seeded.update((plans.metric.name, run.stamp) for plans, run in stale)
         return APPLIED
+
+    def _reseed_keys(
+        self,
+        plans: SessionPlans,
+        partition: int,
+        held: Mapping[bytes, bytes],
+        run: SessionSeeds,
+        batch: ApplyBatch,
+    ) -> None:
+        """Every held key of a session metric continued from its seed in a run (`reseeded`),
+        the events of the keys that need them read in one round trip."""
+        needing = []
+        for encoded, data in held.items():
+            key_index = KeyIndex.decode(data)
+            seed = run.by_key.get(decode_key(encoded))
+            if needs_events(key_index, seed, run.watermark):
+                needing.append(
+                    (KeyWrite(plans, self.source.topic, partition, encoded), key_index, seed)
+                )
+        names = [w.events_key(s.first) for w, key_index, _ in needing for s in key_index.sessions]
+        strings = iter(self._store.read_strings(names))
+        for write, key_index, seed in needing:
+            events_of = {s.first: read_event_lines(next(strings)) for s in key_index.sessions}
+            update = reseeded(plans, key_index, events_of, seed, run.watermark)
+            if update is not None:
+                write.into(batch, update)
 
 
 def isolate_failures(
@@ -500,8 +544,9 @@ def _written(
     ids: dict[str, list[str]],
 ) -> ApplyBatch:
     """What a batch writes: each touched (cell, key) state merged with the stored one, and
-    each touched key of a session metric re-split with its held events (`sessions`), reading
-    the stored states and held events in one round trip."""
+    each touched key of a session metric updated (`sessions`: a second round trip reads the
+    events of the sessions an event cuts again), reading the stored states and the keys'
+    session indexes in one round trip."""
     folds: dict[str, list[tuple[bytes, int, tuple[int, tuple[str, ...]]]]] = defaultdict(list)
     added: dict[int, dict[tuple[str, ...], list[HeldEvent]]] = {}
     for index, cells in enumerate(groups):
@@ -527,71 +572,69 @@ def _written(
         requests[held] = [encode_key(key) for key in keys]
     stored = view.read_fields(requests)
     batch = ApplyBatch(_merged_cells(metrics, groups, folds, stored), ids)
+    slow: list[tuple[KeyWrite, KeyIndex, int, list[HeldEvent]]] = []
     for index, keys in added.items():
-        plans = SessionPlans.of(metrics[index], metrics)
-        _resplit_keys(plans, topic, partition, keys, stored, batch)
+        metric = metrics[index]
+        plans = SessionPlans.of(metric, metrics)
+        held = sessions_key(topic, partition, metric.name, metric.version)
+        for (key, events), data in zip(keys.items(), stored[held], strict=True):
+            write = KeyWrite(plans, topic, partition, encode_key(key))
+            key_index = KeyIndex.decode(data)
+            update = fast_update(plans, key_index, events)
+            if isinstance(update, SlowPath):
+                slow.append((write, key_index, update.start, events))
+            else:
+                write.into(batch, update)
+    if slow:  # their sessions from the first one an event re-cuts, read in one round trip
+        names = [
+            [write.events_key(s.first) for s in key_index.sessions[start:]]
+            for write, key_index, start, _ in slow
+        ]
+        strings = iter(view.read_strings([name for some in names for name in some]))
+        for write, key_index, start, events in slow:
+            tail = {s.first: read_event_lines(next(strings)) for s in key_index.sessions[start:]}
+            write.into(batch, tail_update(write.plans, key_index, start, tail, events))
     return batch
 
 
-def _resplit_keys(
-    plans: SessionPlans,
-    topic: str,
-    partition: int,
-    added: Mapping[tuple[str, ...], Sequence[HeldEvent]],
-    stored: Mapping[str, Sequence[bytes | None]],
-    batch: ApplyBatch,
-) -> None:
-    """Each touched key of a session metric: its held events with the batch's, and the cells
-    of the buckets whose sessions changed (`sessions.resplit`)."""
-    metric = plans.metric
-    assert metric.sessions is not None
-    held_name = sessions_key(topic, partition, metric.name, metric.version)
-    for (key, events), previous in zip(added.items(), stored[held_name], strict=True):
-        now, buckets = resplit(metric.sessions, HeldKey.decode(previous), events)
-        _write_key(plans, topic, partition, encode_key(key), now, buckets, batch)
+@dataclass(frozen=True)
+class KeyWrite:
+    """Where one key of a session metric on one partition is written."""
 
+    plans: SessionPlans
+    topic: str
+    partition: int
+    key: bytes
+    """The encoded key (`encode_key`)."""
 
-def _reseed_keys(
-    plans: SessionPlans,
-    topic: str,
-    partition: int,
-    held: Mapping[bytes, bytes],
-    run: SessionSeeds,
-    batch: ApplyBatch,
-) -> None:
-    """Every held key of a session metric continued from its seed in a run (`reseeded`)."""
-    windows = plans.metric.sessions
-    assert windows is not None
-    for encoded, data in held.items():
-        seed = run.by_key.get(decode_key(encoded))
-        now, buckets = reseeded(windows, HeldKey.decode(data), seed, run.watermark)
-        _write_key(plans, topic, partition, encoded, now, buckets, batch)
+    def events_key(self, first_ms: int) -> str:
+        metric = self.plans.metric
+        return session_events_key(
+            self.topic, self.partition, metric.name, metric.version, self.key, first_ms
+        )
 
-
-def _write_key(
-    plans: SessionPlans,
-    topic: str,
-    partition: int,
-    encoded: bytes,
-    held: HeldKey,
-    buckets: Mapping[int, Sequence[KeySession]],
-    batch: ApplyBatch,
-) -> None:
-    """One key's held events (removed when none is left) and the cells of its changed
-    buckets, rebuilt whole, or removed where no session starts any more."""
-    metric = plans.metric
-    held_name = sessions_key(topic, partition, metric.name, metric.version)
-    if held.events:  # a seed alone continues nothing: later events start after it
-        batch.cells.setdefault(held_name, {})[encoded] = held.encode()
-    else:
-        batch.deleted.setdefault(held_name, []).append(encoded)
-    for bucket, sessions in buckets.items():
-        for plan, state in plans.bucket_states(sessions):
-            name = cell_key(topic, partition, plan.name, plan.version, bucket)
-            if state is None:
-                batch.deleted.setdefault(name, []).append(encoded)
-            else:
-                batch.cells.setdefault(name, {})[encoded] = encode_state(state)
+    def into(self, batch: ApplyBatch, update: KeyUpdate) -> None:
+        """The key's index (removed when it holds nothing), its sessions' strings and the
+        cells of its changed buckets, rebuilt whole or removed where no session starts any
+        more."""
+        metric = self.plans.metric
+        held = sessions_key(self.topic, self.partition, metric.name, metric.version)
+        if update.index is not None:
+            batch.cells.setdefault(held, {})[self.key] = update.index.encode()
+        else:
+            batch.deleted.setdefault(held, []).append(self.key)
+        for first, events in update.appended.items():
+            batch.appends[self.events_key(first)] = event_lines(events)
+        for first, events in update.written.items():
+            batch.strings[self.events_key(first)] = event_lines(events)
+        batch.dropped.extend(self.events_key(first) for first in update.removed)
+        for bucket, sessions in update.buckets.items():
+            for plan, state in self.plans.bucket_states(sessions):
+                name = cell_key(self.topic, self.partition, plan.name, plan.version, bucket)
+                if state is None:
+                    batch.deleted.setdefault(name, []).append(self.key)
+                else:
+                    batch.cells.setdefault(name, {})[self.key] = encode_state(state)
 
 
 def _merged_cells(

@@ -79,18 +79,21 @@ class ServedState:
         seeds: dict[str, SessionSeeds] = {}
         if served is None:
             return seeds
+        row = conn.execute("SELECT xmin::text FROM served_view WHERE id = 1").fetchone()
+        assert row is not None, "the served row was read in this transaction"
+        stamp = str(row[0])
         plans = self.settings.plans
         for plan in plans.values():
             watermark = watermarks.get(plan.name)
             if plan.sessions is None or plan.session_part is not None or watermark is None:
                 continue
             known = self.seeds.get(plan.name)
-            if known is not None and known.generation == served.generation:
+            if known is not None and known.stamp == stamp:
                 seeds[plan.name] = known
                 continue
             part = SessionPlans.of(plan, plans.values()).sessions
             by_key = boundary_sessions(conn, served.generation, plan, part, watermark)
-            seeds[plan.name] = SessionSeeds(served.generation, watermark, by_key)
+            seeds[plan.name] = SessionSeeds(stamp, watermark, by_key)
         return seeds
 
     def rebuild_from(self, topic: str, partition: int) -> int:

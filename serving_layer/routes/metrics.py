@@ -364,7 +364,7 @@ async def sessions(
     served, stored = await view.batch.sessions(db, metric, plans.sessions, key, window, limit + 1)
     status, held = await view.speed.read_held(metric, encode_key(key))
     rows = [SessionRow(s.start_ms, s.start_ms + s.duration_ms, s.state, "batch") for s in stored]
-    rows += speed_sessions(plans, held, served.watermark, window)
+    rows += speed_sessions(held, served.watermark, window)
     key_map = selection.fixed
     body = {
         "metric": metric.name,

@@ -22,6 +22,7 @@ from shared.speed_view.keys import (
     fence_key,
     ids_key,
     rebuild_member,
+    session_events_key,
     sessions_key,
 )
 from shared.speed_view.reader import (
@@ -63,6 +64,7 @@ __all__ = [
     "rebuild_member",
     "redis_client",
     "redis_client_async",
+    "session_events_key",
     "sessions_key",
     "speed_status",
     "speed_status_of",

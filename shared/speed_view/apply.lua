@@ -1,7 +1,9 @@
 -- The fenced apply of one partition's batch (rule 3): compare-and-set on the fence (KEYS[1]:
 -- offset ARGV[1] -> ARGV[2], stream time ARGV[3], definitions digest ARGV[7]); then every cell
 -- hash (HSET) and de-dup set (SADD) of the batch, then the hash fields it removes (HDEL; ARGV[8]
--- hashes), each preceded by its argument count, with TTL ARGV[4]. Every key carries the partition's hash tag, so the call stays in one Redis
+-- hashes), each preceded by its argument count; then strings written whole (SET; ARGV[9]) and
+-- appended to (APPEND; ARGV[10]), one value each, and keys removed (DEL; ARGV[11]); every key
+-- written with TTL ARGV[4]. Every key carries the partition's hash tag, so the call stays in one Redis
 -- Cluster slot. Returns 1 applied, 0 fence moved (another worker wrote since), -1 the fence
 -- vanished under the worker that had written or read it: the partition's data was lost (rule
 -- 9). Called by `writer.SpeedViewWriter.apply`.
@@ -19,7 +21,8 @@ else
 end
 redis.call('EXPIRE', KEYS[1], ttl)
 local n_hashes, n_sets, n_deletes = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[8])
-local arg = 9
+local n_strings, n_appends, n_dropped = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+local arg = 12
 local function write(command, key, first, last)
   local chunk = 2000
   for i = first, last, chunk do
@@ -42,5 +45,17 @@ for k = first_delete, first_delete + n_deletes - 1 do
   local n = tonumber(ARGV[arg])
   if n > 0 then write('HDEL', KEYS[k], arg + 1, arg + n) end
   arg = arg + 1 + n
+end
+local k = first_delete + n_deletes
+for _, command in ipairs({{'SET', n_strings}, {'APPEND', n_appends}}) do
+  for _ = 1, command[2] do
+    redis.call(command[1], KEYS[k], ARGV[arg])
+    redis.call('EXPIRE', KEYS[k], ttl)
+    k, arg = k + 1, arg + 1
+  end
+end
+for _ = 1, n_dropped do
+  redis.call('DEL', KEYS[k])
+  k = k + 1
 end
 return 1

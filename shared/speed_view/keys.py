@@ -14,9 +14,10 @@ Every key a source partition's fenced apply writes carries that partition's hash
 - `lp:cell:{<topic>:<partition>}:<metric>:<version>:<start_ms>` — hash {key JSON -> state
   bytes (`shared.aggregations.encode_state`)}: one base cell's states for one source
   partition, written only by that partition's owner.
-- `lp:sessions:{<topic>:<partition>}:<metric>:<version>` — hash {key JSON -> held events}: a
-  session metric's accepted events of one source partition, per key, that its sessions are
-  re-split from (rule 13; `speed_layer.sessions`).
+- `lp:sessions:{<topic>:<partition>}:<metric>:<version>` — hash {key JSON -> index}: a
+  session metric's sessions of one source partition, per key (rule 13; `held.KeyIndex`).
+- `lp:sevents:{<topic>:<partition>}:<metric>:<version>:<sha1 of the key JSON>:<first>` — string:
+  one session's events as JSON lines (`held.event_lines`), appended to as events join it.
 - `lp:ids:{<topic>:<partition>}:<bucket_start>` — set of event ids seen in that event-time
   bucket (de-duplication, rule 4), dropped once the bucket is late for every metric of the
   source.
@@ -33,6 +34,7 @@ Every key a source partition's fenced apply writes carries that partition's hash
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -66,6 +68,19 @@ def cell_key(topic: str, partition: int, metric: str, version: str, start_ms: in
 
 def sessions_key(topic: str, partition: int, metric: str, version: str) -> str:
     return f"lp:sessions:{partition_tag(topic, partition)}:{metric}:{version}"
+
+
+def session_events_key(
+    topic: str, partition: int, metric: str, version: str, key: bytes, first_ms: int
+) -> str:
+    """The string of one session's events (the key hashed: a key may be long)."""
+    digest = hashlib.sha1(key, usedforsecurity=False).hexdigest()
+    return f"lp:sevents:{partition_tag(topic, partition)}:{metric}:{version}:{digest}:{first_ms}"
+
+
+def session_events_pattern(topic: str, partition: int, metric: str, version: str) -> str:
+    """A SCAN pattern for a session metric version's event strings of one partition."""
+    return f"lp:sevents:{partition_tag(topic, partition)}:{metric}:{version}:*"
 
 
 def cell_pattern(topic: str, metric: str, version: str, partition: int | None = None) -> str:

@@ -188,8 +188,8 @@ class SpeedViewReader:
         return status, by_start
 
     async def read_held(self, plan: MetricPlan, key: bytes) -> tuple[str, list[bytes]]:
-        """Status and one key's held events of a session metric on every partition holding
-        any (`held`), in one round trip."""
+        """Status and one key's session index of a session metric on every partition holding
+        one (`held.KeyIndex`), in one round trip."""
         if not self._available():
             return "unavailable", []
         topic, partitions = plan.source.topic, plan.source.partitions

@@ -22,6 +22,7 @@ from shared.speed_view.keys import (
     fence_key,
     ids_of_key,
     ids_pattern,
+    session_events_pattern,
     sessions_key,
 )
 
@@ -46,6 +47,12 @@ class ApplyBatch:
     ids: dict[str, list[str]] = field(default_factory=dict)
     deleted: dict[str, list[bytes]] = field(default_factory=dict)
     """Fields removed from hashes: a session metric's bucket no session starts in any more."""
+    strings: dict[str, bytes] = field(default_factory=dict)
+    """Strings written whole: a session's events, cut again."""
+    appends: dict[str, bytes] = field(default_factory=dict)
+    """Bytes appended to strings: the events a session gains."""
+    dropped: list[str] = field(default_factory=list)
+    """Keys removed: the strings of sessions that no longer exist."""
 
 
 def ensure_epoch(client: SyncRedis, candidate: str) -> str:
@@ -82,6 +89,9 @@ class SpeedViewWriter:
             len(batch.ids),
             new_fence.defs or "",
             len(batch.deleted),
+            len(batch.strings),
+            len(batch.appends),
+            len(batch.dropped),
         ]
         for key, fields in batch.cells.items():
             keys.append(key)
@@ -96,6 +106,10 @@ class SpeedViewWriter:
             keys.append(key)
             args.append(len(names))
             args.extend(names)
+        for writes in (batch.strings, batch.appends):
+            keys.extend(writes)
+            args.extend(writes.values())
+        keys.extend(batch.dropped)
         return int(self._apply(keys=keys, args=args))
 
     def read_fence(self, topic: str, partition: int) -> Fence:
@@ -112,8 +126,17 @@ class SpeedViewWriter:
             pipe.hmget(name, list(requests[name]))
         return dict(zip(names, pipe.execute(), strict=True))
 
+    def read_strings(self, names: Sequence[str]) -> list[bytes | None]:
+        """The given strings (a session's events), one round trip."""
+        if not names:
+            return []
+        pipe = self._client.pipeline(transaction=False)
+        for name in names:
+            pipe.get(name)
+        return list(pipe.execute())
+
     def held_keys(self, topic: str, partition: int, plan: MetricPlan) -> dict[bytes, bytes]:
-        """Every key's held events of a session metric on one partition (`held`)."""
+        """Every key's session index of a session metric on one partition (`held`)."""
         fields = self._client.hgetall(sessions_key(topic, partition, plan.name, plan.version))
         return {bytes(k): bytes(v) for k, v in fields.items()}  # type: ignore[arg-type]
 
@@ -170,13 +193,16 @@ class SpeedViewWriter:
 
     def partition_keys(self, topic: str, partition: int, plans: Sequence[MetricPlan]) -> list[str]:
         """Every key a partition's state lives in: its fence, de-dup id sets, the sub-cells
-        of the given metric versions and their sessions' held events (what a rebuild under new
-        definitions drops)."""
+        of the given metric versions and their sessions' indexes and events (what a rebuild
+        under new definitions drops)."""
         keys = [fence_key(topic, partition), *self._scan(ids_pattern(topic, partition))]
         for plan in plans:
             keys += self._scan(cell_pattern(topic, plan.name, plan.version, partition))
             if plan.sessions is not None and plan.session_part is None:
                 keys.append(sessions_key(topic, partition, plan.name, plan.version))
+                keys += self._scan(
+                    session_events_pattern(topic, partition, plan.name, plan.version)
+                )
         return keys
 
     def sub_cells(self, plan: MetricPlan) -> list[tuple[str, int, int]]:

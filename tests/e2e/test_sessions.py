@@ -164,8 +164,21 @@ def test_sessions_across_a_kill_workers_a_run_and_the_api(
         w = served.watermark(METRIC, plan.version)
         assert w is not None and now - 3 * HOUR < w < now - HOUR
 
-        after = GeneratorSpec(now - HOUR, now, 1500, late_fraction=0.0, keyed_by_user=True, seed=14)
-        produce(bootstrap, topic, generate(after))
+        # An incremental run over new events (in place: the generation stays), then more.
+        for seed, (start, end) in (
+            (14, (now - HOUR, now - 30 * MINUTE)),
+            (15, (now - 30 * MINUTE, now)),
+        ):
+            spec = GeneratorSpec(start, end, 800, late_fraction=0.0, keyed_by_user=True, seed=seed)
+            produce(bootstrap, topic, generate(spec))
+            if seed == 14:
+                incremental = queue(settings, RunRequest("incremental"))
+                execute_run(settings, spark, incremental)
+                assert run_record(settings, incremental).executed_mode == "incremental"
+                assert oracle_mismatches(settings, world.config) == []
+                served, _ = served_view(settings)
+                assert served is not None and served.watermark(METRIC, plan.version) > w
+                w = served.watermark(METRIC, plan.version)
         wait_until_applied(world, workers=workers)
         expected = oracle.compute_cells(world.config, oracle.read_topic(bootstrap, topic))
         with TestClient(create_app(settings)) as client:

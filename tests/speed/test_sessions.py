@@ -21,9 +21,10 @@ from shared.speed_view import (
     SpeedViewWriter,
     SyncRedis,
     redis_client,
+    session_events_key,
     sessions_key,
 )
-from shared.speed_view.held import HeldKey
+from shared.speed_view.held import KeyIndex, read_event_lines
 from speed_layer.processor import RawRecord, SourceProcessor
 from speed_layer.sessions import SessionSeeds
 from tests import oracle
@@ -64,14 +65,14 @@ def _config() -> dict[str, Any]:
     return config
 
 
-def _seeds(cells: dict[oracle.Cell, Any], generation: int, w: int) -> SessionSeeds:
+def _seeds(cells: dict[oracle.Cell, Any], stamp: str, w: int) -> SessionSeeds:
     """A run's seeds as `shared.db.sessions.boundary_sessions` reads them from its cells."""
     by_key: dict[tuple[str, ...], Session] = {}
     for (name, size, start, key), values in sorted(cells.items()):
         if name == f"{METRIC}(sessions)" and size == 0 and w - MAX_MS <= start < w:
             events = cells[(METRIC, 0, start, key)]["count"]
             by_key[key] = Session(start, start + int(values["max"]), events)
-    return SessionSeeds(generation, w, by_key)
+    return SessionSeeds(stamp, w, by_key)
 
 
 def _bridge(minute: int) -> bytes:
@@ -123,7 +124,7 @@ def test_the_speed_view_continues_a_runs_sessions_exactly(client: SyncRedis) -> 
 
     run = oracle.compute(config, as_oracle[: len(snapshot)])
     assert plan.sessions.watermark(None, [run.stream_time[("pv-sess", 0)]], plan.grace_ms) == w
-    seeds = {METRIC: _seeds(run.cells, 1, w)}
+    seeds = {METRIC: _seeds(run.cells, "run-1", w)}
     assert seeds[METRIC].by_key[("bridge",)] == Session(T0 + 26 * MINUTE, T0 + 28 * MINUTE, 3)
     watermarks = {name: w for name in settings.plans}
     for i in range(0, len(after), 100):
@@ -143,8 +144,17 @@ def test_the_speed_view_continues_a_runs_sessions_exactly(client: SyncRedis) -> 
         == []
     )
 
-    # Once per run: a second call finds nothing to do; what is held is from W on.
+    # Once per run: a second call finds nothing to do; what is held is from W on, each
+    # session's string holding exactly its events.
     held = client.hgetall(sessions_key("pv-sess", 0, plan.name, plan.version))
     assert processor.reseed(0, seeds) == APPLIED
     assert client.hgetall(sessions_key("pv-sess", 0, plan.name, plan.version)) == held
-    assert all(t >= w for data in held.values() for t, _, _ in HeldKey.decode(data).events)
+    strings = 0
+    for encoded, data in held.items():
+        for session in KeyIndex.decode(data).sessions:
+            assert session.first >= w
+            name = session_events_key("pv-sess", 0, plan.name, plan.version, encoded, session.first)
+            times = [t for t, _, _ in read_event_lines(client.get(name))]
+            assert (times[0], times[-1], len(times)) == session.session
+            strings += 1
+    assert len(list(client.scan_iter("lp:sevents:*"))) == strings, "no string outlives its session"
