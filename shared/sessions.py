@@ -80,28 +80,13 @@ def session_firsts(
     return firsts
 
 
-def sessions_of(times: npt.NDArray[np.int64], firsts: npt.NDArray[np.int64]) -> list[Session]:
-    """One key's sessions from its time-sorted events and their `session_firsts`."""
-    if len(times) == 0:
-        return []
-    begins = np.flatnonzero(np.diff(firsts, prepend=firsts[0] - 1))
-    ends = np.append(begins[1:], len(times))
-    return [
-        Session(int(times[b]), int(times[e - 1]), int(e - b))
-        for b, e in zip(begins, ends, strict=True)
-    ]
-
-
 class SessionChain:
-    """One key's sessions as the speed layer keeps them: the events it holds, in time order,
-    each with its session's first event time, after an optional `seed` — the session just
-    before them (its first and latest event times) whose own events are held elsewhere.
+    """One key's sessions as the speed layer cuts them again: events in time order, each with
+    its session's first event time, after an optional `seed` — the session just before them
+    (its first and latest event times) whose own events are held elsewhere.
 
     `add` takes events in any order and re-splits only from the new event to the first later
-    event whose session is unchanged (after it nothing can change). `settle` forgets events no
-    event can arrive before any more, keeping the one fact later events depend on (the seed);
-    `reseed` continues the chain from another seed (the batch view's boundary session), as if
-    the held events up to its end were its own."""
+    event whose session is unchanged (after it nothing can change)."""
 
     __slots__ = ("_firsts", "_times", "rule", "seed")
 
@@ -125,34 +110,7 @@ class SessionChain:
         position = bisect_right(self._times, time_ms)
         self._times.insert(position, time_ms)
         self._firsts.insert(position, time_ms)
-        return self._resplit(position, added=True)
-
-    def settle(self, before_ms: int) -> None:
-        """Forget the events before `before_ms` (no event may be added before it any more):
-        the latest of them becomes the seed, with its session's first event time."""
-        position = bisect_right(self._times, before_ms - 1)
-        if position == 0:
-            return
-        first, last = self._firsts[position - 1], self._times[position - 1]
-        events = position - bisect_right(self._firsts, first - 1, hi=position)
-        if self.seed is not None and self.seed.first == first:
-            events += self.seed.events
-        self.seed = Session(first, last, events)
-        del self._times[:position]
-        del self._firsts[:position]
-
-    def reseed(self, seed: Session | None) -> set[int]:
-        """Continue from `seed` instead: held events up to its latest event are taken to be
-        its own and forgotten, the rest re-split after it. The sessions changed, as `add`."""
-        changed = set(self._firsts)
-        self.seed = seed
-        if seed is not None:
-            position = bisect_right(self._times, seed.last)
-            del self._times[:position]
-            del self._firsts[:position]
-        if self._times:
-            self._resplit(0, added=False)
-        return changed | set(self._firsts)
+        return self._resplit(position)
 
     def sessions(self) -> list[Session]:
         """The held events' sessions in time order; one continuing the seed is named by the
@@ -165,10 +123,9 @@ class SessionChain:
                 sessions.append(Session(first, time_ms, 1))
         return sessions
 
-    def _resplit(self, position: int, *, added: bool) -> set[int]:
-        """Re-split from `position` on; `added`: the event there is new (its placeholder
-        session is no session), and the walk stops at the first later event whose session
-        is unchanged."""
+    def _resplit(self, position: int) -> set[int]:
+        """Re-split from the new event at `position` (its placeholder session is no session)
+        on, up to the first later event whose session is unchanged."""
         changed: set[int] = set()
         if position > 0:
             first: int | None = self._firsts[position - 1]
@@ -182,9 +139,9 @@ class SessionChain:
             if first is None or self.rule.splits(first, last, time_ms):
                 first = time_ms
             old = self._firsts[index]
-            if index > position and old == first and added:
-                break
-            if index > position or not added:
+            if index > position:
+                if old == first:
+                    break
                 changed.add(old)
             changed.add(first)
             self._firsts[index] = first

@@ -407,24 +407,24 @@ def decide(
     times = [item[1] for item in live] if any(m.definitions for m in plan.metrics) else []
     groups: list[dict[tuple[int, tuple[str, ...]], list[InputFields]]] = []
     by_name: dict[str, dict[tuple[int, tuple[str, ...]], list[InputFields]]] = {}
-    for metric in plan.metrics:
+    held: dict[int, dict[tuple[str, ...], list[HeldEvent]]] = {}
+    for position, metric in enumerate(plan.metrics):
         name = metric.name
         if metric.rollup is not None:
             groups.append(_rolled_up(by_name[metric.rollup.parent], metric.rollup))
             continue
+        groups.append({})
         if metric.session_part is not None:  # its metric's sessions build its cells
-            groups.append({})
             continue
-        grouped = _grouped_sessions if metric.sessions is not None else _grouped_cells
-        cells, late, skipped = grouped(
-            metric,
-            watermarks.get(name),
-            live,
-            metric_inputs(live_fields, metric, times, tables),
-            late_for,
-        )
-        groups.append(cells)
-        by_name[name] = cells
+        inputs = metric_inputs(live_fields, metric, times, tables)
+        watermark = watermarks.get(name)
+        if metric.sessions is not None:
+            events, late, skipped = _held_events(metric, watermark, live, inputs, late_for)
+            if events:
+                held[position] = events
+        else:
+            groups[-1], late, skipped = _grouped_cells(metric, watermark, live, inputs, late_for)
+            by_name[name] = groups[-1]
         if late:
             outcome.late_by_metric[name] += late
         for reason, n in skipped.items():
@@ -438,12 +438,12 @@ def decide(
     ids = {
         ids_key(topic, partition, bucket): members for bucket, members in new_ids.items() if members
     }
-    return outcome, _written(plan.metrics, topic, partition, groups, view, ids)
+    return outcome, _written(plan.metrics, topic, partition, groups, held, view, ids)
 
 
 Grouped = tuple[dict[tuple[int, tuple[str, ...]], list[InputFields]], int, Counter[str]]
-"""One metric's accepted inputs of a batch grouped by (slot, key), its late events and its
-skipped events by reason."""
+"""One metric's accepted inputs of a batch grouped by (base cell, key), its late events and
+its skipped events by reason."""
 
 
 def _grouped_cells(
@@ -478,18 +478,19 @@ def _grouped_cells(
     return cells, late, skipped
 
 
-def _grouped_sessions(
+def _held_events(
     metric: MetricPlan,
     watermark: int | None,
     live: Sequence[tuple[int, int, int, Any]],
     contributions: Iterable[InputFields | Skipped | Filtered],
     late_for: dict[int, list[str]],
-) -> Grouped:
-    """A session metric's inputs by (event time, key), dropping the late ones (rule 13's
-    lateness; their batch indexes gain the metric's name in `late_for`)."""
+) -> tuple[dict[tuple[str, ...], list[HeldEvent]], int, Counter[str]]:
+    """A session metric's accepted events by key, dropping the late ones (rule 13's lateness;
+    their batch indexes gain the metric's name in `late_for`), with its late events and its
+    skipped events by reason."""
     assert metric.sessions is not None
     name, is_late, grace = metric.name, metric.sessions.is_late, metric.grace_ms
-    events: defaultdict[tuple[int, tuple[str, ...]], list[InputFields]] = defaultdict(list)
+    events: defaultdict[tuple[str, ...], list[HeldEvent]] = defaultdict(list)
     skipped: Counter[str] = Counter()
     late = 0
     for (index, time_ms, as_of, _), contribution in zip(live, contributions, strict=True):
@@ -502,7 +503,8 @@ def _grouped_sessions(
             late += 1
             late_for.setdefault(index, []).append(name)
             continue
-        events[(time_ms, contribution[0])].append(contribution)  # type: ignore[index,arg-type,misc]
+        key, value, items = contribution  # type: ignore[misc]
+        events[key].append((time_ms, value, items))
     return events, late, skipped
 
 
@@ -540,6 +542,7 @@ def _written(
     topic: str,
     partition: int,
     groups: Sequence[Mapping[tuple[int, tuple[str, ...]], Sequence[InputFields]]],
+    added: Mapping[int, Mapping[tuple[str, ...], list[HeldEvent]]],
     view: ViewState,
     ids: dict[str, list[str]],
 ) -> ApplyBatch:
@@ -548,19 +551,9 @@ def _written(
     events of the sessions an event cuts again), reading the stored states and the keys'
     session indexes in one round trip."""
     folds: dict[str, list[tuple[bytes, int, tuple[int, tuple[str, ...]]]]] = defaultdict(list)
-    added: dict[int, dict[tuple[str, ...], list[HeldEvent]]] = {}
     for index, cells in enumerate(groups):
         metric = metrics[index]
         name, version = metric.name, metric.version
-        if metric.session_part is not None:  # built with its metric's sessions
-            continue
-        if metric.sessions is not None:
-            by_key: defaultdict[tuple[str, ...], list[HeldEvent]] = defaultdict(list)
-            for (time_ms, key), inputs in cells.items():
-                by_key[key].extend((time_ms, value, items) for _, value, items in inputs)
-            if by_key:
-                added[index] = by_key
-            continue
         for slot in cells:
             start, key = slot
             field = (encode_key(key), index, slot)

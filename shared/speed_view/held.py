@@ -2,7 +2,7 @@
 partition and key: an index of the key's sessions from W on — each one's first and last event
 times, its event count and its events' state — after the seed (the session before them whose
 events the batch view holds), as one field of the hash `sessions_key`; and each session's
-events as JSON lines in a string of its own (`session_events_key`), appended to as events
+events as JSON arrays in a string of its own (`session_events_key`), appended to as events
 join it and read only when the session must be cut again. The speed layer writes them
 (`speed_layer.sessions`); the serving layer lists one key's sessions from the index alone."""
 
@@ -25,10 +25,10 @@ HeldEvent = tuple[int, float | None, tuple[str | float, ...]]
 slots' items."""
 
 
-def event_lines(events: Iterable[HeldEvent]) -> bytes:
-    """Events as appended to a session's string: one JSON array per line (JSON escapes every
-    newline inside a string)."""
-    return b"".join(orjson.dumps(event) + b"\n" for event in events)
+def event_lines(events: Sequence[HeldEvent]) -> bytes:
+    """Events as appended to a session's string: each a JSON array after a comma, so the
+    string is a JSON array's inside (one `orjson.dumps` per append)."""
+    return b"," + orjson.dumps(events)[1:-1]
 
 
 def read_event_lines(data: bytes | None) -> list[HeldEvent]:
@@ -37,7 +37,7 @@ def read_event_lines(data: bytes | None) -> list[HeldEvent]:
         return []
     events = [
         (time_ms, value, tuple(items))
-        for time_ms, value, items in map(orjson.loads, data.splitlines())
+        for time_ms, value, items in orjson.loads(b"[" + data[1:] + b"]")
     ]
     events.sort(key=itemgetter(0))
     return events

@@ -17,7 +17,7 @@ Every key a source partition's fenced apply writes carries that partition's hash
 - `lp:sessions:{<topic>:<partition>}:<metric>:<version>` — hash {key JSON -> index}: a
   session metric's sessions of one source partition, per key (rule 13; `held.KeyIndex`).
 - `lp:sevents:{<topic>:<partition>}:<metric>:<version>:<sha1 of the key JSON>:<first>` — string:
-  one session's events as JSON lines (`held.event_lines`), appended to as events join it.
+  one session's events (`held.event_lines`), appended to as events join it.
 - `lp:ids:{<topic>:<partition>}:<bucket_start>` — set of event ids seen in that event-time
   bucket (de-duplication, rule 4), dropped once the bucket is late for every metric of the
   source.

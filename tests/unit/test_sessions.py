@@ -1,16 +1,17 @@
 """Session windows (rule 13 in docs/semantics.md): the batch layer's vectorized pass
 (`session_firsts`) and the speed layer's event-by-event chain (`SessionChain`) each equal the
 brute-force sessionization of the oracle (`tests.oracle.sessionize`, the rule as written), in
-any arrival order, across the speed layer's forgetting and across the batch view's W."""
+any arrival order (across the batch view's W: `test_speed_sessions`)."""
 
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.sessions import Session, SessionChain, SessionRule, session_firsts, sessions_of
+from shared.sessions import Session, SessionChain, SessionRule, session_firsts
 from shared.window_kind import SessionWindows, TumblingWindows
 from tests.oracle import sessionize
 
@@ -22,6 +23,18 @@ RULES = st.builds(
     lambda gap, extra: SessionRule(gap, gap + extra), st.integers(1, 60), st.integers(1, 200)
 )
 TIMES = st.lists(st.integers(-500, 1_500), max_size=60)
+
+
+def sessions_of(times: npt.NDArray[np.int64], firsts: npt.NDArray[np.int64]) -> list[Session]:
+    """One key's sessions from its time-sorted events and their `session_firsts`."""
+    if len(times) == 0:
+        return []
+    begins = np.flatnonzero(np.diff(firsts, prepend=firsts[0] - 1))
+    ends = np.append(begins[1:], len(times))
+    return [
+        Session(int(times[b]), int(times[e - 1]), int(e - b))
+        for b, e in zip(begins, ends, strict=True)
+    ]
 
 
 def _oracle(times: list[int], rule: SessionRule) -> list[Session]:
@@ -79,79 +92,6 @@ def test_the_chain_in_any_arrival_order_equals_the_oracle_and_names_every_change
         after = set(chain.sessions())
         assert {s.first for s in before ^ after} <= changed
     assert chain.sessions() == _oracle(arrivals, rule)
-
-
-@given(
-    st.lists(st.tuples(st.integers(0, 600), st.booleans()), max_size=80),
-    RULES,
-    st.integers(0, 60),
-)
-def test_forgetting_what_the_grace_has_passed_keeps_every_later_session_exact(
-    arrivals: list[tuple[int, bool]], rule: SessionRule, grace: int
-) -> None:
-    """Events arrive with the stream time moving on; late ones (rule 13's grace half) are
-    dropped and the chain forgets what no later event can precede (here all the grace
-    passed; the speed layer itself keeps more, from W on); its sessions stay those of the
-    accepted events, the one continuing its seed counted from its held events."""
-    windows = SessionWindows(rule, TumblingWindows((10,)))
-    chain = SessionChain(rule)
-    stream_time: int | None = None
-    accepted: list[int] = []
-    for t, forget in arrivals:
-        if windows.is_late(t, grace, stream_time, None):
-            continue
-        chain.add(t)
-        accepted.append(t)
-        stream_time = t if stream_time is None else max(stream_time, t)
-        if forget:
-            chain.settle(stream_time - grace + 1)
-    truth = {s.first: s for s in _oracle(accepted, rule)}
-    held = chain.sessions()
-    for session in held:
-        whole = truth[session.first]
-        assert whole.last == session.last
-        continues_seed = chain.seed is not None and session.first == chain.seed.first
-        assert whole.events == session.events + (chain.seed.events if continues_seed else 0)
-    later = [s for s in truth.values() if held and s.first > held[0].first]
-    assert later == held[1:]
-
-
-@given(
-    st.lists(st.integers(0, 1_000), min_size=1, max_size=50),
-    st.lists(st.integers(0, 300), max_size=30),
-    st.data(),
-    RULES,
-    st.integers(0, 100),
-)
-def test_across_w_no_session_is_counted_twice_split_or_lost(
-    snapshot: list[int],
-    after: list[int],
-    data: st.DataObject,
-    rule: SessionRule,
-    grace: int,
-) -> None:
-    """The batch serves the sessions of its snapshot starting before W; the speed layer,
-    reseeded with the last of them, serves the rest. When it accepted every snapshot event
-    from W on (any subset before W) and later events (never late by rule 13's W half, so at
-    least W + max_duration), the two views together are the sessionization of all events."""
-    windows = SessionWindows(rule, TumblingWindows((10,)))
-    w = windows.watermark(None, [max(snapshot)], grace)
-    assert w is not None
-    later = [w + rule.max_duration_ms + t for t in after]
-    assert not any(windows.is_late(t, grace, None, w) for t in later)
-    batch = [s for s in _oracle(snapshot, rule) if s.first < w]
-    chain = SessionChain(rule)
-    for t in snapshot:
-        if t >= w or data.draw(st.booleans()):
-            chain.add(t)
-    reseed_at = data.draw(st.integers(0, len(later)))
-    for t in later[:reseed_at]:
-        chain.add(t)
-    chain.reseed(batch[-1] if batch else None)
-    for t in later[reseed_at:]:
-        chain.add(t)
-    speed = [s for s in chain.sessions() if s.first >= w]
-    assert batch + speed == _oracle(snapshot + later, rule)
 
 
 def test_an_event_before_the_seed_is_refused() -> None:

@@ -201,6 +201,7 @@ def test_continued_from_a_runs_seed_the_views_are_the_sessionization_of_all_even
     w = windows.watermark(None, [max(snapshot)], grace)
     assert w is not None
     later = [w + rule.max_duration_ms + t for t in after]
+    assert not any(windows.is_late(t, grace, None, w) for t in later)
     batch = [s for s in _oracle(snapshot, rule) if s.first < w]
     seed = batch[-1] if batch and batch[-1].first >= w - rule.max_duration_ms else None
     held = [t for t in snapshot if t >= w or data.draw(st.booleans())]
