@@ -116,6 +116,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batch_layer import RunSummary, execute_run, spark_session
 from bench.broker_usage import BrokerUsage
+from bench.common import SESSION_METRIC
 from bench.plain_spark import PlainRun, cells_written, run_plain
 from bench.spark_jobs import Job, describe, fields, jobs_of_group, run_stages
 from lambdactl.generator import PAGES, GeneratorSpec, SampleRecord, generate, produce
@@ -221,19 +222,6 @@ LOOKUP = {
     "key": ["section"],
 }
 """`--lookups`: the per-page metric's join with the table and the key it reads from it."""
-SESSION_METRIC: dict[str, Any] = {
-    "name": "user_sessions",
-    "source": "pageviews",
-    "key": ["user_id"],
-    "value": "latency_ms",
-    "aggregations": ["count", "sum", "avg"],
-    "session": {"gap": "30m", "max_duration": "4h"},
-    "windows": ["1h", "1d"],
-    "grace": "2m",
-}
-"""`--sessions`: the session metric run beside the bench's metrics."""
-
-
 SECTIONS = ["news", "sport", "tech", "culture", "business", "travel", "science", "opinion"]
 
 

@@ -9,6 +9,7 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 clock = time.perf_counter
 """Latencies use a precise clock: uvloop's `loop.time()` has millisecond resolution and is
@@ -89,3 +90,17 @@ class RawHttp:
     def close(self) -> None:
         for _, writer in self._idle:
             writer.close()
+
+
+SESSION_METRIC: dict[str, Any] = {
+    "name": "user_sessions",
+    "source": "pageviews",
+    "key": ["user_id"],
+    "value": "latency_ms",
+    "aggregations": ["count", "sum", "avg"],
+    "session": {"gap": "30m", "max_duration": "4h"},
+    "windows": ["1h", "1d"],
+    "grace": "2m",
+}
+"""`--sessions` (bench/speed.py, bench/batch.py): sessions per user (rule 13 in
+docs/semantics.md), run beside the bench's metrics."""

@@ -136,7 +136,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import peers
 from bench.broker_usage import BrokerUsage
-from bench.common import log
+from bench.common import SESSION_METRIC, log
 from bench.peers import PeerRun
 from lambdactl.generator import PAGES, GeneratorSpec, SampleRecord, generate, produce
 from shared.config import Settings
@@ -401,18 +401,6 @@ def stop_profile(spy: subprocess.Popen[bytes]) -> None:
 VARIANTS = ("plain", "expr", "lookup", "session")
 """The reruns' metrics: the bench's own, `with_expressions`, `with_lookup` (with the table),
 with `SESSION_METRIC` beside them."""
-
-SESSION_METRIC: dict[str, Any] = {
-    "name": "user_sessions",
-    "source": "pageviews",
-    "key": ["user_id"],
-    "value": "latency_ms",
-    "aggregations": ["count", "sum", "avg"],
-    "session": {"gap": "30m", "max_duration": "4h"},
-    "windows": ["1h", "1d"],
-    "grace": "2m",
-}
-"""`--sessions`: sessions per user (rule 13), as `bench/batch.py --sessions` runs it."""
 
 
 def rerun_worker(

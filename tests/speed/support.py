@@ -13,9 +13,10 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from shared.speed_view import REBUILDING_KEY, fence_key, redis_client
+from shared.config import Settings
+from shared.speed_view import EPOCH_KEY, REBUILDING_KEY, SyncRedis, fence_key, redis_client
 from tests import oracle
-from tests.conftest import Platform, reconfigured
+from tests.conftest import Platform, reconfigured, redis_for_tests
 from tests.views import speed_view_cells
 
 
@@ -185,3 +186,25 @@ def wait_for_log(log: Path, text: str, timeout_s: float = 60) -> None:
     while text not in (log.read_text() if log.exists() else ""):
         assert time.monotonic() < deadline, f"{log.name}: no {text!r} within {timeout_s} s"
         time.sleep(0.1)
+
+
+USER_SESSIONS: dict[str, Any] = {
+    "name": "user_sessions",
+    "source": "pageviews",
+    "key": ["user_id"],
+    "value": "latency_ms",
+    "aggregations": ["count", "sum", "max", "distinct(page)", "quantiles(latency_ms)"],
+    "windows": ["1m", "1h"],
+    "grace": "2m",
+    "session": {"gap": "2m", "max_duration": "10m"},
+}
+"""A session metric per user (rule 13) over the sample events: sessions cut at 10 minutes, so
+the sample's busiest user has many."""
+
+
+def view_client(stack: Settings) -> SyncRedis:
+    """The flushed test Redis (database or cluster), with the epoch marker."""
+    client = redis_client(redis_for_tests(stack))
+    client.flushdb()
+    client.set(EPOCH_KEY, "epoch")
+    return client

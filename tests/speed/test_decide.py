@@ -22,6 +22,7 @@ from shared.speed_view import ApplyBatch, Fence
 from speed_layer.processor import BatchOutcome, RawRecord, SourcePlan, decide
 from tests import oracle
 from tests.conftest import platform_config
+from tests.speed.support import USER_SESSIONS
 from tests.views import speed_cells_of
 
 MINUTE = 60_000
@@ -267,16 +268,7 @@ def test_a_rollup_holds_its_parents_accepted_events_merged(
     assert oracle.compare(expected.cells, parents) == []
 
 
-SESSIONS = {
-    "name": "user_sessions",
-    "source": "pageviews",
-    "key": ["user_id"],
-    "value": "latency_ms",
-    "aggregations": ["count", "sum", "max", "distinct(page)", "quantiles(latency_ms)"],
-    "windows": ["1m", "1h"],
-    "grace": "2m",
-    "session": {"gap": "2m", "max_duration": "10m"},
-}
+SESSIONS = USER_SESSIONS
 
 
 @settings(max_examples=25, deadline=None)

@@ -19,17 +19,16 @@ from lambdactl.generator import GeneratorSpec, generate
 from shared.config import Settings
 from shared.speed_view import (
     APPLIED,
-    EPOCH_KEY,
     FENCE_MOVED,
     SpeedViewWriter,
     SyncRedis,
     fence_key,
-    redis_client,
 )
 from shared.speed_view.keys import cell_pattern
 from speed_layer.processor import RawRecord, SourceProcessor
 from tests import oracle
-from tests.conftest import platform_config, redis_for_tests
+from tests.conftest import platform_config
+from tests.speed.support import USER_SESSIONS, view_client
 from tests.views import speed_view_cells
 
 MINUTE = 60_000
@@ -41,11 +40,7 @@ pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
 
 @pytest.fixture
 def client(stack: Settings) -> SyncRedis:
-    """The flushed test Redis (database or cluster), with the epoch marker."""
-    client = redis_client(redis_for_tests(stack))
-    client.flushdb()
-    client.set(EPOCH_KEY, "epoch")
-    return client
+    return view_client(stack)
 
 
 def _config() -> dict[str, Any]:
@@ -61,18 +56,7 @@ def _config() -> dict[str, Any]:
             "grace": "30s",
         }
     )
-    config["metrics"].append(  # sessions: held events and buckets rebuilt, fields removed
-        {
-            "name": "user_sessions",
-            "source": "pageviews",
-            "key": ["user_id"],
-            "value": "latency_ms",
-            "aggregations": ["count", "sum", "distinct(page)", "quantiles(latency_ms)"],
-            "windows": ["1m", "1h"],
-            "grace": "2m",
-            "session": {"gap": "2m", "max_duration": "10m"},
-        }
-    )
+    config["metrics"].append(USER_SESSIONS)  # sessions: buckets rebuilt, fields removed
     return config
 
 

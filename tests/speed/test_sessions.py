@@ -17,10 +17,8 @@ from shared.config import Settings
 from shared.sessions import Session
 from shared.speed_view import (
     APPLIED,
-    EPOCH_KEY,
     SpeedViewWriter,
     SyncRedis,
-    redis_client,
     session_events_key,
     sessions_key,
 )
@@ -28,7 +26,8 @@ from shared.speed_view.held import KeyIndex, read_event_lines
 from speed_layer.processor import RawRecord, SourceProcessor
 from speed_layer.sessions import SessionSeeds
 from tests import oracle
-from tests.conftest import platform_config, redis_for_tests
+from tests.conftest import platform_config
+from tests.speed.support import USER_SESSIONS, view_client
 from tests.views import speed_view_cells
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
@@ -42,26 +41,12 @@ CREATED = T0 + 2 * 60 * MINUTE
 
 @pytest.fixture
 def client(stack: Settings) -> SyncRedis:
-    client = redis_client(redis_for_tests(stack))
-    client.flushdb()
-    client.set(EPOCH_KEY, "epoch")
-    return client
+    return view_client(stack)
 
 
 def _config() -> dict[str, Any]:
     config = platform_config("sess", partitions=1)
-    config["metrics"] = [
-        {
-            "name": METRIC,
-            "source": "pageviews",
-            "key": ["user_id"],
-            "value": "latency_ms",
-            "aggregations": ["count", "sum", "distinct(page)", "quantiles(latency_ms)"],
-            "windows": ["1m", "1h"],
-            "grace": "2m",
-            "session": {"gap": "2m", "max_duration": "10m"},
-        }
-    ]
+    config["metrics"] = [USER_SESSIONS]
     return config
 
 
