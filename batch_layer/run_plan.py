@@ -318,8 +318,10 @@ def _recompute_from(
     settings: Settings, spark: SparkSession, snapshot: Snapshot, served: ServedView
 ) -> dict[str, int]:
     """metric -> the start from which an incremental run recomputes its cells (rule 11): the
-    earliest valid-from time among the versions of its joined tables past the served snapshot,
-    floored to a boundary of all the metric's windows (so every cell lies wholly on one side)."""
+    earliest valid-from time among the versions of its joined tables past the served snapshot
+    (for a session metric, `max_duration` before it: a session starting up to then may hold
+    events the change moves), floored to a boundary of all the metric's windows (so every cell
+    lies wholly on one side)."""
     joined = {lookup.table for m in settings.plans.values() for lookup in m.lookups}
     changes = {
         table.name: earliest_change(
@@ -334,7 +336,10 @@ def _recompute_from(
             t for lookup in metric.lookups if (t := changes.get(lookup.table.name)) is not None
         ]
         if times:
-            recompute_from[metric.name] = metric.windows.floor_aligned(min(times))
+            since = min(times)
+            if metric.sessions is not None:  # sessions reaching `since` change too (rule 13)
+                since -= metric.sessions.rule.max_duration_ms
+            recompute_from[metric.name] = metric.windows.floor_aligned(since)
     return recompute_from
 
 
