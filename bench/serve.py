@@ -112,7 +112,8 @@ from bench.broker_usage import BrokerUsage  # noqa: E402
 from bench.common import Errors, RawHttp, clock, free_port, pct, with_db  # noqa: E402
 from lambdactl.stack import stack_up  # noqa: E402
 from serving_layer.batch_view import SERIES_SQL  # noqa: E402
-from serving_layer.merged_view import MergedView, split_starts  # noqa: E402
+from serving_layer.merged_view import MergedView  # noqa: E402
+from serving_layer.read_plan import split_starts  # noqa: E402
 from serving_layer.timefmt import format_time  # noqa: E402
 from shared.aggregations import CellState, encode_state, fold_inputs  # noqa: E402
 from shared.config import Settings  # noqa: E402
