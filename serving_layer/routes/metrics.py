@@ -361,8 +361,10 @@ async def sessions(
         raise bad_request(f"name one key: give each of {metric.name}'s dimensions once ({dims})")
     plans = SessionPlans.of(metric, settings.plans.values())
     window = (start_ms, end_ms)
-    served, stored = await view.batch.sessions(db, metric, plans.sessions, key, window, limit + 1)
-    status, held = await view.speed.read_held(metric, encode_key(key))
+    (served, stored), (status, held) = await asyncio.gather(  # independent: both at once
+        view.batch.sessions(db, metric, plans.sessions, key, window, limit + 1),
+        view.speed.read_held(metric, encode_key(key)),
+    )
     rows = [SessionRow(s.start_ms, s.start_ms + s.duration_ms, s.state, "batch") for s in stored]
     rows += speed_sessions(held, served.watermark, window)
     key_map = selection.fixed

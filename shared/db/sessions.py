@@ -11,14 +11,14 @@ import psycopg
 from shared.metric_plan import SESSION_WINDOW_MS, MetricPlan
 from shared.sessions import Session
 
-BOUNDARY_SQL = """
+BOUNDARY_SQL = f"""
 SELECT DISTINCT ON (p.key) p.key, p.start_ms, p.max, m.count
 FROM batch_cells p
 JOIN batch_cells m
   ON m.generation = p.generation AND m.metric = %(metric)s AND m.version = %(version)s
  AND m.window_ms = p.window_ms AND m.start_ms = p.start_ms AND m.key = p.key
 WHERE p.generation = %(generation)s AND p.metric = %(part)s AND p.version = %(part_version)s
-  AND p.window_ms = %(window)s AND p.start_ms >= %(after)s AND p.start_ms < %(watermark)s
+  AND p.window_ms = {SESSION_WINDOW_MS} AND p.start_ms >= %(after)s AND p.start_ms < %(watermark)s
 ORDER BY p.key, p.start_ms DESC
 """
 
@@ -42,7 +42,6 @@ def boundary_sessions(
             "version": metric.version,
             "part": part.name,
             "part_version": part.version,
-            "window": SESSION_WINDOW_MS,
             "after": watermark - metric.sessions.rule.max_duration_ms,
             "watermark": watermark,
         },
