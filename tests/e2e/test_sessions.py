@@ -3,7 +3,9 @@ Kafka and Redis, a real Spark run and the API, against the oracle's brute-force
 sessionization: a worker killed with kill -9 between its Redis apply and its offset commit,
 two workers sharing the partitions (the records keyed by user), a full run, then events after
 its snapshot. Every answer a user reads — a key's session series, the total, a group, top
-keys by sessions, one user's sessions — equals the oracle over every event, across W."""
+keys by sessions, one user's sessions — equals the oracle over every event, across W; and the
+dashboard, in real headless Chromium, charts sessions and duration quantiles and lists one
+user's sessions as the API answers them (screenshot: artifacts/dashboard-sessions.png)."""
 
 from __future__ import annotations
 
@@ -18,10 +20,12 @@ from fastapi.testclient import TestClient
 from batch_layer import execute_run
 from lambdactl.generator import GeneratorSpec, generate, produce
 from serving_layer import create_app
+from shared.config import Settings
 from shared.db.runs import RunRequest
 from shared.kafka import create_topics
 from tests import oracle
 from tests.batch.helpers import HOUR, MINUTE, oracle_mismatches, queue, run_record, served_view
+from tests.browser import ARTIFACTS, chrome, served
 from tests.conftest import Platform, reconfigured
 from tests.speed.support import (
     expected_base_cells,
@@ -31,7 +35,7 @@ from tests.speed.support import (
     wait_until_applied,
 )
 
-pytestmark = [pytest.mark.services, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.services, pytest.mark.timeout(900)]  # room to install chromium
 
 METRIC = "visits"
 METRICS: list[dict[str, Any]] = [
@@ -189,6 +193,7 @@ def test_sessions_across_a_kill_workers_a_run_and_the_api(
                 time.sleep(0.5)
             assert problems == []
             _check_sessions_and_top(client, expected, now, w)
+        _dashboard_shows_sessions(settings, "u1")
     finally:
         for worker in workers:
             assert stop_worker(worker) == 0
@@ -236,3 +241,57 @@ def _check_sessions_and_top(
     (info,) = [m for m in listing["metrics"] if m["name"] == METRIC]
     assert info["session"] == {"gap": "5m", "max_duration": "30m"}
     assert info["aggregations"][:2] == ["sessions", "bounces"] and "sessions" in info["by"]
+
+
+def _dashboard_shows_sessions(settings: Settings, user: str) -> None:
+    """The dashboard over the session metric: sessions per window charted by default (the
+    total: no key, no sessions list), then one user's, their `duration_p50_s`, and that user's
+    sessions listed newest first exactly as the API answers the query the page sent, from
+    both views."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    requests: list[str] = []
+    with served(create_app(settings), requests) as url, chrome() as driver:
+        driver.get(url + "/")
+        wait = WebDriverWait(driver, 30)
+
+        def picker(element_id: str) -> Any:
+            return Select(driver.find_element(By.ID, element_id))
+
+        def title() -> str:
+            return str(driver.find_element(By.ID, "chart-title").text)
+
+        wait.until(lambda _: METRIC in [o.get_attribute("value") for o in picker("metric").options])
+        picker("metric").select_by_value(METRIC)
+        wait.until(lambda _: title().startswith(f"{METRIC} · sessions") and "total" in title())
+        assert driver.find_element(By.ID, "sessions-card").get_attribute("hidden") is not None
+        wait.until(lambda _: user in [o.text for o in picker("key").options])
+        picker("key").select_by_visible_text(user)
+        wait.until(lambda _: title().endswith(f"· {user}"))
+        heading = driver.find_element(By.ID, "sessions-title")
+        wait.until(lambda _: heading.text.startswith(f"Sessions of {user} ("))
+        sent = [r for r in requests if r.startswith(f"/v1/metrics/{METRIC}/sessions?")]
+        answer = httpx.get(url + sent[-1]).json()
+        listed = answer["sessions"][::-1]
+        assert heading.text == f"Sessions of {user} ({len(listed)})"
+        rows = [
+            [cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
+            for row in driver.find_elements(By.CSS_SELECTOR, "#sessions tr")
+        ]
+        assert [(r[2], int(r[3])) for r in rows] == [(s["source"], s["events"]) for s in listed]
+        assert {r[2] for r in rows} == {"batch", "speed"}
+
+        picker("field").select_by_value("duration_p50_s")
+        wait.until(lambda _: "duration_p50_s" in title())
+        query = driver.find_element(By.ID, "chart").get_attribute("data-query")
+        series = httpx.get(f"{url}/v1/metrics/{METRIC}/series?{query}").json()
+        drawn = [
+            c.get_attribute("data-start")
+            for c in driver.find_elements(By.CSS_SELECTOR, "#points circle")
+        ]
+        assert drawn == [p["start"] for p in series["points"] if p["duration_p50_s"] is not None]
+        assert drawn, "a day of sessions draws their median durations"
+        ARTIFACTS.mkdir(exist_ok=True)
+        driver.save_screenshot(str(ARTIFACTS / "dashboard-sessions.png"))
+        assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []

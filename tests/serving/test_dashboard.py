@@ -7,13 +7,7 @@ artifacts/dashboard.png and artifacts/dashboard-group-by.png."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
-import socket
-import subprocess
-import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -22,16 +16,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import pairwise
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 from zoneinfo import ZoneInfo
 
 import pytest
-import uvicorn
 
 from serving_layer import create_app
 from shared.config import Settings
+from tests.browser import ARTIFACTS, chrome, served
 from tests.conftest import Platform
 from tests.serving.views import Event, batch_rows, publish, random_events, write_speed
 
@@ -55,51 +48,6 @@ GRID_METRIC = {
 }
 COUNTRIES = ["ar", "br", "ca", "de", "es", "fr", "in", "jp", "nl", "us"]
 PAGES = ["/", "/home", "/search", "/cart"]
-ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
-CHROME_FLAGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--window-size=1400,1000",
-    "--disable-dev-shm-usage",
-]
-
-
-def _chromium() -> tuple[str, str]:
-    """Paths of chromium and chromedriver, installing them with apt-get when root; fails
-    loudly (never skips) when they cannot be had."""
-    browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if (browser is None or driver is None) and os.geteuid() == 0:
-        install = ["apt-get", "install", "-y", "chromium", "chromium-driver"]
-        if subprocess.run(install, check=False, capture_output=True, timeout=600).returncode:
-            # A fresh machine may never have read the package lists.
-            subprocess.run(["apt-get", "update"], check=False, capture_output=True, timeout=600)
-            subprocess.run(install, check=False, capture_output=True, timeout=600)
-        browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if browser is None or driver is None:
-        pytest.fail(
-            "chromium and chromium-driver are needed: apt-get install -y chromium chromium-driver",
-            pytrace=False,
-        )
-    return browser, driver
-
-
-class _Recorder:
-    """ASGI wrapper keeping `path?query` of every HTTP request the app gets, exactly as sent,
-    so a test can assert on the URLs the page requested."""
-
-    def __init__(self, app: Any, requests: list[str]) -> None:
-        self.app, self.requests = app, requests
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            query = scope.get("query_string", b"").decode("latin-1")
-            self.requests.append(scope["path"] + ("?" + query if query else ""))
-        await self.app(scope, receive, send)
 
 
 @dataclass
@@ -155,40 +103,15 @@ def server(platform: Platform) -> Iterator[Site]:
         ws[metric.name] = watermark
         write_speed(settings, metric, mine, watermark)
     publish(settings, rows, ws)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    site = Site(f"http://127.0.0.1:{port}", site_events)
-    app = _Recorder(create_app(settings), site.requests)
-    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not uv.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert uv.started, "uvicorn did not start"
-    yield site
-    uv.should_exit = True
-    thread.join(10)
+    requests: list[str] = []
+    with served(create_app(settings), requests) as url:
+        yield Site(url, site_events, requests)
 
 
 @pytest.fixture
 def driver() -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    browser, driver_path = _chromium()
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser
-    profile = tempfile.mkdtemp(prefix="lp-chrome-")
-    for flag in [*CHROME_FLAGS, f"--user-data-dir={profile}"]:
-        options.add_argument(flag)
-    chrome = webdriver.Chrome(service=Service(driver_path), options=options)
-    try:
-        yield chrome
-    finally:
-        chrome.quit()
-        shutil.rmtree(profile, ignore_errors=True)
+    with chrome() as browser:
+        yield browser
 
 
 def test_dashboard_shows_chart_with_w_marker(server: Site, driver: Any) -> None:
