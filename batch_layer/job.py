@@ -24,7 +24,7 @@ from batch_layer.errors import RunNotExecutable
 from batch_layer.kafka_source import plan_slices, source_rows
 from batch_layer.lookups import read_versions
 from batch_layer.progress import SPARK_SHARE, RunProgress
-from batch_layer.publish import Publication
+from batch_layer.publish import Publication, expire_cells
 from batch_layer.run_plan import Results, RunPlan, plan_run
 from batch_layer.snapshot import Snapshot
 from shared.config import RunMode, Settings, SourceConfig
@@ -49,6 +49,8 @@ class RunSummary:
     watermarks: dict[str, int | None] = field(default_factory=dict)
     snapshot: Snapshot = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    expired: int = 0
+    """Cells retention removed with the publication (rule 14)."""
 
 
 def execute_run(
@@ -173,6 +175,9 @@ def _execute(
             history_index,
         )
         summary.generation, summary.rows_out = plan.publish(conn, settings, results, publication)
+        summary.expired = expire_cells(
+            conn, summary.generation, settings.plans.values(), publication.watermarks
+        )
     summary.timings["publish_s"] = time.monotonic() - published
     summary.timings["total_s"] = time.monotonic() - began
     _record_success(conn, record, summary, plan.served)

@@ -27,7 +27,7 @@ from shared.aggregations import SketchKind, merge_states
 from shared.db.cells import CELL_COLUMNS, BatchCell
 from shared.db.served import read_served
 from shared.faults import fault_point
-from shared.metric_plan import SESSION_WINDOW_MS
+from shared.metric_plan import SESSION_WINDOW_MS, MetricPlan
 
 _CELL_COLUMNS = ", ".join(("generation", *CELL_COLUMNS))
 GENERATIONS_KEPT = 2
@@ -358,6 +358,47 @@ def _flip(conn: psycopg.Connection[Any], generation: int, publication: Publicati
             Jsonb(publication.history_index),
         ],
     )
+
+
+_EXPIRE_SQL = """
+DELETE FROM batch_cells
+WHERE generation = %(generation)s AND metric = %(metric)s AND version = %(version)s
+  AND window_ms = ANY(%(windows)s) AND start_ms < %(kept_from)s
+"""
+
+
+def expire_cells(
+    conn: psycopg.Connection[Any],
+    generation: int,
+    plans: Iterable[MetricPlan],
+    watermarks: Mapping[str, int | None],
+) -> int:
+    """Remove from `generation` the cells retention no longer keeps after a publication
+    (`watermarks`: each plan's new W), in its transaction (rule 14 in docs/semantics.md): of
+    each retained window, those starting before its `kept_from`; a session metric's stored
+    sessions (window 0) go with the base window's cells of their first events. Returns how
+    many cells were removed."""
+    removed = 0
+    for plan in plans:
+        for size, _ in plan.windows.retention_ms:
+            kept_from = plan.windows.kept_from(size, watermarks.get(plan.name))
+            if kept_from is None:
+                continue
+            windows = [size]
+            if plan.sessions is not None and size == plan.base_window_ms:
+                windows.append(SESSION_WINDOW_MS)
+            cursor = conn.execute(
+                _EXPIRE_SQL,
+                {
+                    "generation": generation,
+                    "metric": plan.name,
+                    "version": plan.version,
+                    "windows": windows,
+                    "kept_from": kept_from,
+                },
+            )
+            removed += cursor.rowcount
+    return removed
 
 
 def _lock_served(

@@ -31,6 +31,11 @@ class TooManyCells(LambdaError):
         )
 
 
+class RetentionExpired(LambdaError):
+    """A query needs cells that retention removed (rule 14 in docs/semantics.md): answered 400
+    with what is kept."""
+
+
 def bad_request(message: str) -> HTTPException:
     return HTTPException(status_code=400, detail=message)
 
@@ -103,7 +108,8 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(TooManyCells)
-    async def _too_many(request: Request, exc: TooManyCells) -> JSONResponse:
+    @app.exception_handler(RetentionExpired)
+    async def _too_many(request: Request, exc: LambdaError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=400)
 
     @app.exception_handler(BatchViewUnsettled)

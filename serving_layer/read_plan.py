@@ -12,15 +12,18 @@ in `batch_view`; `merged_view` reads, merges and caches every shape the same way
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, Protocol
 
 import orjson
 
 from serving_layer.batch_view import CellQuery, ServedRow
+from serving_layer.errors import RetentionExpired
 from serving_layer.selection import Selection
+from serving_layer.timefmt import format_time
 from shared.aggregations import Ranking
+from shared.durations import format_duration
 from shared.metric_plan import MetricPlan
 from shared.windows import CellRef, WindowPlan
 
@@ -71,6 +74,33 @@ def split_starts(
     return starts[:batch], starts[batch:speed], starts[speed:]
 
 
+def check_retained(metric: MetricPlan, windows: Iterable[Window], watermark: int | None) -> None:
+    """RetentionExpired when a window would merge a stored cell retention removed (rule 14):
+    the message says from when each window size is kept. `windows` ascending."""
+    kinds = metric.windows
+    bound = kinds.retention_bound(watermark)
+    if bound is None:
+        return
+    for start, end in windows:
+        if start >= bound:
+            return
+        cell = kinds.expired_cell(start, end - start, watermark)
+        if cell is not None:
+            kept = ", ".join(
+                f"{format_duration(size)} from {format_time(first)}"
+                if (first := kinds.kept_from(size, watermark)) is not None
+                else f"{format_duration(size)} always"
+                for size in kinds.sizes_ms
+            )
+            raise RetentionExpired(
+                f"{metric.name} keeps its {format_duration(cell.size_ms)} cells back to "
+                f"{format_time(kinds.kept_from(cell.size_ms, watermark) or 0)} (retention, "
+                f"counted from W {format_time(watermark or 0)}), and the window starting "
+                f"{format_time(start)} needs one from {format_time(cell.start_ms)}. Kept: "
+                f"{kept}; start later, or ask for a coarser window"
+            )
+
+
 def batch_only(window: Window, watermark: int | None) -> bool:
     """Whether a window ends at or before W: its points are cached for one served stamp."""
     return watermark is not None and window[1] <= watermark
@@ -105,6 +135,7 @@ class KeySeriesPlan:
         served: ServedRow,
         known: Mapping[int, WindowPoints],
     ) -> KeySeriesPlan:
+        check_retained(metric, ((s, s + window_ms) for s in starts), served.watermark)
         batch, mixed, speed = split_starts(starts, window_ms, served.watermark)
         if not served.reachable:  # rule 12: the windows from W on only, all speed
             batch = mixed = starts[:0]
@@ -169,6 +200,7 @@ class SlicedPlan:
         max_cells: int,
     ) -> SlicedPlan:
         watermark = served.watermark
+        check_retained(metric, windows, watermark)
         if not served.reachable and watermark is not None:  # rule 12: from W on, all speed
             windows = [window for window in windows if window[0] >= watermark]
         plans = {
@@ -237,6 +269,7 @@ class TopPlan:
         known: tuple[RankedGroups, int] | None,
         max_cells: int,
     ) -> TopPlan:
+        check_retained(metric, [(start, start + window_ms)], served.watermark)
         window = metric.windows.compose(start, window_ms, served.watermark)
         known = None if window.speed_cells or served.watermark is None else known
         return cls(metric, ranking, selection, start, window_ms, served, window, known, max_cells)

@@ -82,6 +82,11 @@ class MetricInfo(BaseModel):
     lookups: list[LookupInfo] = Field(
         default_factory=list, description="tables joined to each event as of its time"
     )
+    retention: dict[str, str] = Field(
+        default_factory=dict,
+        description="how long each window's cells are kept, back from W (a window not listed: "
+        "always); a query needing older cells of it answers 400",
+    )
     session: SessionInfo | None = Field(
         default=None,
         description="a session metric: its points count the sessions starting in each window "

@@ -4,6 +4,7 @@ the bad field and say what is allowed."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from collections.abc import Mapping
@@ -61,6 +62,24 @@ def _pairs(value: object) -> object:
                 raise ValueError(f'fields.{name}: write the expression as text, e.g. "a * 100"')
         return tuple(sorted(value.items()))
     return value
+
+
+def _retention_pairs(value: object) -> object:
+    """A YAML mapping of window -> how long its cells are kept (`{1m: 7d, 1h: 400d}`) as
+    (window ms, retention ms) pairs, by window."""
+    if isinstance(value, Mapping):
+        pairs = []
+        for window, kept in value.items():
+            try:
+                pairs.append((parse_duration(window), parse_duration(kept)))
+            except ValueError as exc:
+                raise ValueError(f"retention.{window}: {exc}") from None
+        return tuple(sorted(pairs))
+    return value
+
+
+def _kept_text(retention: int | None) -> str:
+    return "forever" if retention is None else format_duration(retention)
 
 
 def _check_name(value: str, what: str) -> str:
@@ -204,6 +223,10 @@ class MetricConfig(_Strict):
     session: SessionConfig | None = None
     """Set for a session metric (rule 13): `key` is the session key and `windows` bucket the
     sessions by their first event."""
+    retention: Annotated[tuple[tuple[int, int], ...], BeforeValidator(_retention_pairs)] = ()
+    """How long each window's cells are kept, counted back from the metric's W (rule 14 in
+    docs/semantics.md): (window ms, retention ms) pairs by window; the YAML writes a mapping
+    (`{1m: 7d, 1h: 400d}`). A window without one is kept forever. Not part of the version."""
 
     @field_validator("name")
     @classmethod
@@ -304,6 +327,32 @@ class MetricConfig(_Strict):
         if len(set(windows)) != len(windows):
             raise ValueError("windows must not repeat")
         return tuple(sorted(windows))
+
+    @model_validator(mode="after")
+    def _valid_retention(self) -> MetricConfig:
+        kept = dict(self.retention)
+        for window, retention in self.retention:
+            if window not in self.windows:
+                windows = ", ".join(map(format_duration, self.windows))
+                raise ValueError(
+                    f"retention names window {format_duration(window)}, which is not one of "
+                    f"the metric's windows ({windows})"
+                )
+            if retention < window:
+                raise ValueError(
+                    f"retention of window {format_duration(window)} is "
+                    f"{format_duration(retention)}, less than one window; keep at least one"
+                )
+        for finer, coarser in itertools.pairwise(self.windows):
+            short, long = kept.get(finer), kept.get(coarser)
+            shorter = long is not None and (short is None or long < short)
+            if shorter:
+                raise ValueError(
+                    f"window {format_duration(coarser)} must be kept at least as long as the "
+                    f"finer {format_duration(finer)} ({_kept_text(long)} < {_kept_text(short)}): "
+                    "a coarser window is what answers once a finer one's cells are gone"
+                )
+        return self
 
     @model_validator(mode="after")
     def _session_key(self) -> MetricConfig:

@@ -225,6 +225,7 @@ def _version(
     with lookups hashes the tables they join too."""
     optional = ("rollups", "fields", "where", "lookups", "session")
     unset = {name for name in optional if not getattr(metric, name)}
+    unset.add("retention")  # how long cells are kept changes none of them
     definition: dict[str, object] = {
         "metric": metric.model_dump(mode="json", exclude=unset),
         "source": source.model_dump(mode="json", exclude={"partitions"}),
@@ -273,7 +274,7 @@ def compile_plan(
     ):
         definitions = compile_definitions(metric.where, dict(metric.fields), source.time_field)
     lookups = () if definitions is None else _lookups(metric, source, tables, definitions)
-    buckets = TumblingWindows(windows)
+    buckets = TumblingWindows(windows, metric.retention)
     sessions = None
     if metric.session is not None:
         rule = SessionRule(metric.session.gap, metric.session.max_duration)

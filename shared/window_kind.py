@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from shared.lateness import batch_watermark, latest_late_start
 from shared.sessions import SessionRule
-from shared.windows import WindowPlan, plan_window, window_start, window_starts
+from shared.windows import CellRef, WindowPlan, plan_window, window_start, window_starts
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,9 @@ class TumblingWindows:
     cell both layers store per key)."""
 
     sizes_ms: tuple[int, ...]
+    retention_ms: tuple[tuple[int, int], ...] = ()
+    """(size, how long its cells are kept back from W) of the sizes not kept forever (rule 14
+    in docs/semantics.md)."""
 
     def __post_init__(self) -> None:
         if not self.sizes_ms or any(size % self.sizes_ms[0] for size in self.sizes_ms):
@@ -72,6 +75,30 @@ class TumblingWindows:
         """The cells the window `[start_ms, start_ms + size_ms)` merges (rule 8): stored
         batch cells up to W, coarsest first, then speed base cells."""
         return plan_window(start_ms, size_ms, self.sizes_ms[0], watermark_ms, self.sizes_ms)
+
+    def kept_from(self, size_ms: int, watermark_ms: int | None) -> int | None:
+        """The start of the first cell of `size_ms` retention keeps (rule 14): the one holding
+        `W - retention`, and every later one. None when it keeps them all (no retention for
+        the size, or no W yet)."""
+        for size, retention in self.retention_ms:
+            if size == size_ms and watermark_ms is not None:
+                return window_start(watermark_ms - retention, size_ms)
+        return None
+
+    def retention_bound(self, watermark_ms: int | None) -> int | None:
+        """A time from which on no window merges a cell retention removed (the latest
+        `kept_from` of the retained sizes); None when retention removes nothing."""
+        kept = [self.kept_from(size, watermark_ms) for size, _ in self.retention_ms]
+        return max((k for k in kept if k is not None), default=None)
+
+    def expired_cell(self, start_ms: int, size_ms: int, watermark_ms: int | None) -> CellRef | None:
+        """The first stored cell the window `[start_ms, start_ms + size_ms)` would merge (rule
+        8) that retention removed (rule 14); None when it merges none."""
+        for cell in self.compose(start_ms, size_ms, watermark_ms).batch_cells:
+            first = self.kept_from(cell.size_ms, watermark_ms)
+            if first is not None and cell.start_ms < first:
+                return cell
+        return None
 
     def floor_aligned(self, time_ms: int) -> int:
         """`time_ms` floored to a boundary of every window (`aligned_ms`)."""

@@ -848,6 +848,32 @@ def compute_cells(
     ).cells
 
 
+def retained(
+    config: dict[str, Any], cells: dict[Cell, Any], watermarks: dict[str, int]
+) -> dict[Cell, Any]:
+    """Rule 14 over `cells`: of a window with `retention: {w: r}`, only the cells that end
+    after W - r (W: each metric's, by name in `watermarks`; its rollups and session parts
+    have its retention); a session metric's sessions (window 0) go with the base window's
+    cell of their first event."""
+    rules: dict[str, tuple[dict[int, int], int]] = {}
+    for metric in config["metrics"]:
+        retention = {
+            parse_duration(w): parse_duration(r) for w, r in metric.get("retention", {}).items()
+        }
+        rules[metric["name"]] = retention, min(parse_duration(w) for w in metric["windows"])
+    kept = {}
+    for cell, values in cells.items():
+        name, size, start, _ = cell
+        retention, base = rules.get(name.split("(")[0].split("[")[0], ({}, 0))
+        watermark = watermarks.get(name)
+        window = size or base
+        end = start - start % window + window  # window 0: its first event's base cell
+        if window in retention and watermark is not None and end <= watermark - retention[window]:
+            continue
+        kept[cell] = values
+    return kept
+
+
 def batch_watermark(
     config: dict[str, Any], records: list[Record], metric_name: str, prev: int | None = None
 ) -> int | None:

@@ -30,6 +30,7 @@ from serving_layer.params import (
     windows_of,
 )
 from serving_layer.pools import AsyncDb
+from serving_layer.read_plan import check_retained
 from serving_layer.responses import JSONResponse
 from serving_layer.schemas import (
     GroupedSeriesResponse,
@@ -113,6 +114,7 @@ def list_metrics(settings: SettingsDep) -> MetricList:
                     max_duration=format_duration(m.config.session.max_duration),
                 ),
                 windows=[format_duration(w) for w in m.windows_ms],
+                retention={format_duration(w): format_duration(r) for w, r in m.config.retention},
                 grace=format_duration(m.grace_ms) if m.grace_ms else "0s",
                 version=m.version,
                 rollups=[list(dims) for dims in m.rollups],
@@ -169,9 +171,10 @@ async def keys(
         check_key_text("prefix", prefix)
     selection = selection_of(metric, request.query_params, ("start", "end", "prefix", "limit"))
     result, found = await view.keys(db, metric, start_ms, end_ms, prefix, selection)
+    kept_from = metric.windows.kept_from(base, result.watermark)  # older cells are gone
     body = {
         "metric": metric.name,
-        "start": format_time(start_ms),
+        "start": format_time(start_ms if kept_from is None else max(start_ms, kept_from)),
         "end": format_time(end_ms),
         "batch_watermark": _w(result.watermark),
         "speed_status": result.speed_status,
@@ -365,6 +368,8 @@ async def sessions(
         view.batch.sessions(db, metric, plans.sessions, key, window, limit + 1),
         view.speed.read_held(metric, encode_key(key)),
     )
+    first_bucket = window_start(start_ms, metric.base_window_ms)  # a session's, by its start
+    check_retained(metric, [(first_bucket, first_bucket + metric.base_window_ms)], served.watermark)
     rows = [SessionRow(s.start_ms, s.start_ms + s.duration_ms, s.state, "batch") for s in stored]
     rows += speed_sessions(held, served.watermark, window)
     key_map = selection.fixed

@@ -132,10 +132,15 @@ async function selectMetric() {
   const win = $("window");
   const previousWindow = changed ? null : win.value;
   win.innerHTML = "";
-  const fitting = m.windows.filter((w) => span / durationMs(w) <= 1440);
+  // Offered: the windows whose cells are kept over the whole range (retention counts back
+  // from W, which is before now: a retention of the span itself keeps it), or all of them
+  // when none is (the API then says what is kept); chosen first: one of <= 1,440 points.
+  const kept = (w) => !(m.retention && w in m.retention) || durationMs(m.retention[w]) >= span;
+  const offered = m.windows.some(kept) ? m.windows.filter(kept) : m.windows;
+  const fitting = offered.filter((w) => span / durationMs(w) <= 1440);
   const chosen = fitting.includes(previousWindow) ? previousWindow
-    : fitting[0] || m.windows[m.windows.length - 1];
-  m.windows.forEach((w) => option(win, w, w, w === chosen));
+    : fitting[0] || offered[offered.length - 1];
+  offered.forEach((w) => option(win, w, w, w === chosen));
   const field = $("field");
   const previousField = field.value;
   field.innerHTML = "";

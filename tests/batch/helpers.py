@@ -140,11 +140,12 @@ def as_points(settings: Settings, cells: dict[oracle.Cell, BatchCell]) -> dict[o
 
 def oracle_mismatches(settings: Settings, config: dict[str, Any]) -> list[str]:
     """The served cells against a brute force over every record of the source's topic and of
-    the tables' topics up to the served snapshot."""
+    the tables' topics up to the served snapshot, less what retention removed (rule 14)."""
     served, cells = served_view(settings)
     assert served is not None
     upto = snapshot_records(settings, served)
-    return oracle.compare(oracle.compute_cells(config, upto), as_points(settings, cells))
+    expected = oracle.retained(config, oracle.compute_cells(config, upto), served.watermarks)
+    return oracle.compare(expected, as_points(settings, cells))
 
 
 def snapshot_records(settings: Settings, served: ServedView) -> list[oracle.Record]:

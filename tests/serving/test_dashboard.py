@@ -84,7 +84,11 @@ def _grid_events(rng: random.Random, start: int, end: int, n: int) -> list[Event
 
 @pytest.fixture
 def server(platform: Platform) -> Iterator[Site]:
-    config = {**platform.config, "metrics": [*platform.config["metrics"], GRID_METRIC]}
+    metrics = [
+        {**m, "retention": {"1m": "12h"}} if m["name"] == "views_by_page" else m
+        for m in platform.config["metrics"]
+    ]
+    config = {**platform.config, "metrics": [*metrics, GRID_METRIC]}
     settings = Settings(**config)
     now = int(time.time() * 1000) // MINUTE * MINUTE
     events = random_events(
@@ -152,6 +156,21 @@ def test_dashboard_shows_chart_with_w_marker(server: Site, driver: Any) -> None:
     Select(driver.find_element(By.ID, "field")).select_by_value("count")
     wait.until(lambda d: "count" in d.find_element(By.ID, "chart-title").text)
     assert driver.find_element(By.ID, "error").get_attribute("hidden") is not None
+
+    # views_by_page keeps its 1m cells 12 h back from W (rule 14): over the last day the page
+    # offers only the windows kept over the whole range (1,440 1m windows would fit), and the
+    # API refuses that 1m query, naming what is kept.
+    def windows_offered(d: Any) -> list[str]:
+        return [o.text for o in Select(d.find_element(By.ID, "window")).options]
+
+    assert "1m" in windows_offered(driver)
+    Select(driver.find_element(By.ID, "range")).select_by_visible_text("last day")
+    wait.until(lambda d: windows_offered(d) == ["1h", "1d"])
+    day = f"start={int(time.time() * 1000) - 24 * HOUR}&end={int(time.time() * 1000)}"
+    status, refused = server.get(f"/v1/metrics/views_by_page/series?window=1m&{day}&page=/home")
+    assert status == 400 and "keeps its 1m cells back to" in refused["detail"]
+    Select(driver.find_element(By.ID, "range")).select_by_visible_text("last 6 hours")
+    wait.until(lambda d: "1m" in windows_offered(d))
     ARTIFACTS.mkdir(exist_ok=True)
     driver.save_screenshot(str(ARTIFACTS / "dashboard.png"))
     errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]

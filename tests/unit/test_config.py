@@ -673,3 +673,40 @@ def test_a_valid_session_metric_loads_with_its_parts(
     assert metric.sessions.rule.max_duration_ms == 12 * 3_600_000
     assert settings.plan("views_by_page(sessions)") is not None
     assert settings.plan("views_by_page(bounces)") is not None
+
+
+# --------------------------------------------------------------------------- retention
+
+
+def _retained(retention: dict[str, str]) -> dict[str, Any]:
+    config = example()
+    config["metrics"][0]["retention"] = retention
+    return config
+
+
+@pytest.mark.parametrize(
+    ("retention", "words"),
+    [
+        ({"2h": "7d"}, ["retention names window 2h", "not one of the metric's windows"]),
+        ({"1h": "30m"}, ["retention of window 1h is 30m, less than one window"]),
+        ({"1m": "7d", "1h": "1d"}, ["window 1h must be kept at least as long as", "1d < 7d"]),
+        ({"1h": "7d"}, ["window 1h must be kept at least as long as the finer 1m", "7d < forever"]),
+        ({"1m": "soon"}, ["retention.1m", "soon"]),
+    ],
+)
+def test_a_bad_retention_is_refused_at_load_with_what_to_change(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, retention: dict[str, str], words: list[str]
+) -> None:
+    message = config_error(monkeypatch, tmp_path, _retained(retention))
+    assert "metrics.0" in message
+    for word in words:
+        assert word in message
+
+
+def test_retention_loads_per_window_and_is_not_part_of_the_version() -> None:
+    config = _retained({"1m": "7d", "1h": "400d"})
+    settings = Settings(**config)
+    plan = settings.plan("views_by_page")
+    assert plan is not None
+    assert plan.windows.retention_ms == ((MIN, 7 * DAY), (HOUR, 400 * DAY))
+    assert version_of(config) == version_of(example()), "changing it needs no full run"

@@ -111,3 +111,49 @@ def test_windows_that_are_not_multiples_of_the_smallest_are_refused(
 ) -> None:
     with pytest.raises(ValueError, match="multiples of the smallest"):
         TumblingWindows(sizes)
+
+
+RETAINED = st.sampled_from(
+    [
+        ((MIN, 2 * HOUR),),
+        ((MIN, 2 * HOUR), (HOUR, 3 * DAY)),
+        ((MIN, 90 * MIN), (5 * MIN, 6 * HOUR), (HOUR, 2 * DAY)),
+    ]
+)
+
+
+@given(
+    RETAINED,
+    TIMES,
+    st.integers(0, 2),
+    st.integers(-3 * HOUR, 3 * HOUR),
+    st.sampled_from([MIN, 5 * MIN, HOUR, DAY]),
+)
+def test_a_window_needs_a_removed_cell_exactly_when_one_it_merges_ended_by_w_minus_retention(
+    retention: tuple[tuple[int, int], ...], watermark: int, which: int, near: int, size: int
+) -> None:
+    """Rule 14 by its definition: a stored cell is removed when it ended at or before W minus
+    its window's retention. `kept_from` is the first start not removed; `expired_cell` names
+    a cell of the window's composition (rule 8) that is removed, exactly when there is one;
+    `retention_bound` is a start from which on no window needs one."""
+    windows = TumblingWindows((MIN, 5 * MIN, HOUR, DAY), retention)
+    watermark -= watermark % MIN  # W is on a base cell boundary (rule 5)
+    kept = dict(retention)
+    for cell_size, keep in retention:
+        first = windows.kept_from(cell_size, watermark)
+        assert first is not None and first % cell_size == 0
+        assert first + cell_size > watermark - keep >= first  # the first kept ends after it
+    assert windows.kept_from(DAY, watermark) is None, "a window without retention is kept"
+    edge = watermark - retention[which % len(retention)][1] + near  # about where cells go
+    start = edge - edge % MIN
+    removed = [
+        cell
+        for cell in windows.compose(start, size, watermark).batch_cells
+        if cell.size_ms in kept and cell.start_ms + cell.size_ms <= watermark - kept[cell.size_ms]
+    ]
+    found = windows.expired_cell(start, size, watermark)
+    assert found == (removed[0] if removed else None)
+    bound = windows.retention_bound(watermark)
+    assert bound is not None
+    if start >= bound:
+        assert found is None
