@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import psycopg
@@ -367,6 +367,48 @@ WHERE generation = %(generation)s AND metric = %(metric)s AND version = %(versio
 """
 
 
+class Expiry(NamedTuple):
+    """What retention removes of one plan under a W: its cells of `windows` (a retained window,
+    with window 0 when it is a session plan's base window) starting before `kept_from`."""
+
+    plan: MetricPlan
+    windows: tuple[int, ...]
+    kept_from: int
+
+
+def expiries(plans: Iterable[MetricPlan], watermarks: Mapping[str, int | None]) -> list[Expiry]:
+    """Each plan's retained windows under its W in `watermarks` (rule 14 in
+    docs/semantics.md): a session metric's stored sessions (window 0) go with the base
+    window's cells of their first events."""
+    found = []
+    for plan in plans:
+        for size, _ in plan.windows.retention_ms:
+            kept_from = plan.windows.kept_from(size, watermarks.get(plan.name))
+            if kept_from is None:
+                continue
+            session = plan.sessions is not None and size == plan.base_window_ms
+            found.append(Expiry(plan, (size, SESSION_WINDOW_MS) if session else (size,), kept_from))
+    return found
+
+
+def retained_cells(
+    cells: pa.Table, plans: Iterable[MetricPlan], watermarks: Mapping[str, int | None]
+) -> pa.Table:
+    """`cells` (the `BatchCell` columns) less those retention removes under `watermarks`: a
+    full run does not load what its publication would delete at once."""
+    expired: pa.ChunkedArray | None = None
+    for expiry in expiries(plans, watermarks):
+        mask = pc.and_(
+            pc.and_(
+                pc.equal(cells["metric"], expiry.plan.name),
+                pc.is_in(cells["window_ms"], pa.array(expiry.windows, pa.int64())),
+            ),
+            pc.less(cells["start_ms"], expiry.kept_from),
+        )
+        expired = mask if expired is None else pc.or_(expired, mask)
+    return cells if expired is None else cells.filter(pc.invert(expired))
+
+
 def expire_cells(
     conn: psycopg.Connection[Any],
     generation: int,
@@ -374,30 +416,21 @@ def expire_cells(
     watermarks: Mapping[str, int | None],
 ) -> int:
     """Remove from `generation` the cells retention no longer keeps after a publication
-    (`watermarks`: each plan's new W), in its transaction (rule 14 in docs/semantics.md): of
-    each retained window, those starting before its `kept_from`; a session metric's stored
-    sessions (window 0) go with the base window's cells of their first events. Returns how
-    many cells were removed."""
+    (`watermarks`: each plan's new W), in its transaction (`expiries`). Returns how many
+    cells were removed."""
     removed = 0
-    for plan in plans:
-        for size, _ in plan.windows.retention_ms:
-            kept_from = plan.windows.kept_from(size, watermarks.get(plan.name))
-            if kept_from is None:
-                continue
-            windows = [size]
-            if plan.sessions is not None and size == plan.base_window_ms:
-                windows.append(SESSION_WINDOW_MS)
-            cursor = conn.execute(
-                _EXPIRE_SQL,
-                {
-                    "generation": generation,
-                    "metric": plan.name,
-                    "version": plan.version,
-                    "windows": windows,
-                    "kept_from": kept_from,
-                },
-            )
-            removed += cursor.rowcount
+    for expiry in expiries(plans, watermarks):
+        cursor = conn.execute(
+            _EXPIRE_SQL,
+            {
+                "generation": generation,
+                "metric": expiry.plan.name,
+                "version": expiry.plan.version,
+                "windows": list(expiry.windows),
+                "kept_from": expiry.kept_from,
+            },
+        )
+        removed += cursor.rowcount
     return removed
 
 

@@ -48,6 +48,7 @@ from batch_layer.publish import (
     drop_old_generations,
     publish_incremental,
     publish_range,
+    retained_cells,
 )
 from batch_layer.rebuild_index import HISTORY_BUCKET_MS, first_offsets_since
 from batch_layer.snapshot import Snapshot, take_snapshot
@@ -139,7 +140,10 @@ class FullRun(RunPlan):
         publication: Publication,
     ) -> tuple[int, int]:
         assert self._generation is not None, "a full run publishes inside `publishing`"
-        return self._generation.publish(_cell_table(settings, results), publication)
+        cells = retained_cells(
+            _cell_table(settings, results), settings.plans.values(), publication.watermarks
+        )
+        return self._generation.publish(cells, publication)
 
 
 @dataclass
@@ -297,6 +301,15 @@ def plan_run(
         for metric in settings.plans.values():  # a session part is recomputed with its metric
             if metric.session_part is not None and metric.session_part.parent in recompute_from:
                 recompute_from[metric.name] = recompute_from[metric.session_part.parent]
+        removed = _seeds_removed(settings, served, recompute_from)
+        if removed:
+            log.info(
+                "run %s: %s would continue from stored sessions retention removed (rule 14); "
+                "running full",
+                record.id,
+                ", ".join(removed),
+            )
+            return FullRun(snapshot, served)
         seeds = _session_seeds(conn, settings, served, recompute_from)
         conn.commit()
         return IncrementalRun(snapshot, served, recompute_from=recompute_from, session_seeds=seeds)
@@ -366,6 +379,25 @@ def _sessions_from(
             since = earliest - metric.sessions.rule.max_duration_ms
             recompute_from[metric.name] = metric.windows.floor_aligned(since)
     return recompute_from
+
+
+def _seeds_removed(
+    settings: Settings, served: ServedView, recompute_from: Mapping[str, int]
+) -> list[str]:
+    """The session metrics whose recompute would continue each key from a stored session
+    (`_session_seeds`: starting up to `max_duration` before it) that retention may have
+    removed under the served W (rule 14): a late event that far back re-cuts sessions after
+    it, which only the sessions before it can anchor, so the run recomputes from the log."""
+    removed = []
+    for metric in settings.plans.values():
+        since = recompute_from.get(metric.name)
+        if metric.sessions is None or metric.session_part is not None or since is None:
+            continue
+        watermark = served.watermark(metric.name, metric.version)
+        kept_from = metric.windows.kept_from(metric.base_window_ms, watermark)
+        if kept_from is not None and since - metric.sessions.rule.max_duration_ms < kept_from:
+            removed.append(metric.name)
+    return removed
 
 
 def _session_seeds(

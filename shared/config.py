@@ -343,6 +343,16 @@ class MetricConfig(_Strict):
                     f"retention of window {format_duration(window)} is "
                     f"{format_duration(retention)}, less than one window; keep at least one"
                 )
+        base = min(self.windows, default=0)
+        base_kept = kept.get(base)
+        session = self.session
+        if session is not None and base_kept is not None and base_kept < session.max_duration:
+            raise ValueError(
+                f"a session metric keeps its base window {format_duration(base)} at least "
+                f"max_duration ({format_duration(session.max_duration)}), not "
+                f"{format_duration(base_kept)}: each key continues from its last session "
+                "starting up to max_duration before W"
+            )
         for finer, coarser in itertools.pairwise(self.windows):
             short, long = kept.get(finer), kept.get(coarser)
             shorter = long is not None and (short is None or long < short)

@@ -710,3 +710,15 @@ def test_retention_loads_per_window_and_is_not_part_of_the_version() -> None:
     assert plan is not None
     assert plan.windows.retention_ms == ((MIN, 7 * DAY), (HOUR, 400 * DAY))
     assert version_of(config) == version_of(example()), "changing it needs no full run"
+
+
+def test_a_session_metric_keeps_its_base_window_at_least_max_duration(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = _session_metric(gap="30m", max_duration="12h")
+    config["metrics"][0]["retention"] = {"1m": "6h"}
+    message = config_error(monkeypatch, tmp_path, config)
+    assert "keeps its base window 1m at least max_duration (12h), not 6h" in message
+    config["metrics"][0]["retention"] = {"1m": "12h"}
+    write_config(monkeypatch, tmp_path, config)
+    assert load_settings().plan("views_by_page") is not None
