@@ -73,6 +73,23 @@ def chrome() -> Iterator[Any]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
+def open_dashboard(driver: Any, url: str, timeout_s: float = 20) -> Any:
+    """Load the dashboard at `url` with its auto-refresh off, and a wait for what it shows.
+
+    Every 10 s the page redraws the chart and tables: an element found just before a redraw
+    is stale when read just after it (a CI run failed so). A test checks what one query
+    draws, so it stops the redraws; a wait also retries an element gone stale meanwhile."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(url + "/")
+    auto = driver.find_element(By.ID, "auto")
+    if auto.is_selected():
+        auto.click()
+    return WebDriverWait(driver, timeout_s, ignored_exceptions=[StaleElementReferenceException])
+
+
 class _Recorder:
     """ASGI wrapper keeping `path?query` of every HTTP request the app gets, exactly as sent,
     so a test can assert on the URLs the page requested."""

@@ -25,7 +25,7 @@ from shared.db.runs import RunRequest
 from shared.kafka import create_topics
 from tests import oracle
 from tests.batch.helpers import HOUR, MINUTE, oracle_mismatches, queue, run_record, served_view
-from tests.browser import ARTIFACTS, chrome, served
+from tests.browser import ARTIFACTS, chrome, open_dashboard, served
 from tests.conftest import Platform, reconfigured
 from tests.speed.support import (
     expected_base_cells,
@@ -249,12 +249,11 @@ def _dashboard_shows_sessions(settings: Settings, user: str) -> None:
     sessions listed newest first exactly as the API answers the query the page sent, from
     both views."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select, WebDriverWait
+    from selenium.webdriver.support.ui import Select
 
     requests: list[str] = []
     with served(create_app(settings), requests) as url, chrome() as driver:
-        driver.get(url + "/")
-        wait = WebDriverWait(driver, 30)
+        wait = open_dashboard(driver, url, 30)
 
         def picker(element_id: str) -> Any:
             return Select(driver.find_element(By.ID, element_id))

@@ -24,7 +24,7 @@ import pytest
 
 from serving_layer import create_app
 from shared.config import Settings
-from tests.browser import ARTIFACTS, chrome, served
+from tests.browser import ARTIFACTS, chrome, open_dashboard, served
 from tests.conftest import Platform
 from tests.serving.views import Event, batch_rows, publish, random_events, write_speed
 
@@ -121,10 +121,9 @@ def driver() -> Iterator[Any]:
 def test_dashboard_shows_chart_with_w_marker(server: Site, driver: Any) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
-    from selenium.webdriver.support.ui import Select, WebDriverWait
+    from selenium.webdriver.support.ui import Select
 
-    driver.get(server.url + "/")
-    wait = WebDriverWait(driver, 20)
+    wait = open_dashboard(driver, server.url)
     wait.until(lambda d: len(Select(d.find_element(By.ID, "metric")).options) == 3)
     Select(driver.find_element(By.ID, "metric")).select_by_value("views_by_page")
     wait.until(
@@ -203,7 +202,7 @@ def test_dashboard_group_by_filters_step_and_tz(server: Site, driver: Any) -> No
     the same query the page sent (and what the events say), and a rejected combination shows
     the API's own message."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select, WebDriverWait
+    from selenium.webdriver.support.ui import Select
 
     def pick(element_id: str, text: str) -> None:
         Select(driver.find_element(By.ID, element_id)).select_by_visible_text(text)
@@ -225,8 +224,7 @@ def test_dashboard_group_by_filters_step_and_tz(server: Site, driver: Any) -> No
     series = f"/v1/metrics/{GRID}/series?"
     keys = f"/v1/metrics/{GRID}/keys?"
     events = server.events[GRID]
-    driver.get(server.url + "/")
-    wait = WebDriverWait(driver, 20)
+    wait = open_dashboard(driver, server.url)
     wait.until(lambda d: len(Select(d.find_element(By.ID, "metric")).options) == 3)
     pick("metric", GRID)
     wait.until(lambda d: GRID in d.find_element(By.ID, "chart-title").text)
