@@ -564,6 +564,12 @@ def _pg_start(layout: _PgLayout, bind: str, port: int) -> None:
     _run(_as_postgres(start), "pg_ctl start", layout.log)
 
 
+def postgres_command(tool: str, *args: str) -> list[str]:
+    """The command line running PostgreSQL's `tool` (`pg_basebackup`, `pg_ctl`...) of the
+    newest installed version, as the user our clusters run as (`postgres` when root)."""
+    return _as_postgres([str(_pg_bindir(None, install=False) / tool), *args])
+
+
 def _pg_bindir(cluster: Path | None, install: bool) -> Path:
     """The cluster's own major version if it exists (data files are per major), else the newest."""
     versions = _pg_versions()

@@ -49,8 +49,15 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.pg_pool = blocking_pool(settings)
+        app.state.pg_pool = blocking_pool(settings, settings.postgres.url)
         app.state.db = Db(app.state.pg_pool)
+        replica = settings.batch_view_url != settings.postgres.url
+        app.state.view_pool = (
+            blocking_pool(settings, settings.batch_view_url, min_size=1)
+            if replica
+            else app.state.pg_pool
+        )
+        app.state.view_db = Db(app.state.view_pool, "batch_view") if replica else app.state.db
         query_pool = async_pool(settings)
         await query_pool.open()
         app.state.async_db = AsyncDb(query_pool)
@@ -59,7 +66,7 @@ def create_app(settings: Settings) -> FastAPI:
         async_redis = redis_client_async(settings.redis, **timeouts)
         app.state.view = MergedView(settings, async_redis)
         app.state.kafka = KafkaProbe(settings.kafka, settings.serving.kafka_timeout_s)
-        collector = WatermarkAgeCollector(settings, app.state.pg_pool)
+        collector = WatermarkAgeCollector(settings, app.state.pg_pool, app.state.view_pool)
         observer.add_scrape_time(collector)
         try:
             yield
@@ -67,6 +74,8 @@ def create_app(settings: Settings) -> FastAPI:
             observer.remove_scrape_time(collector)
             app.state.kafka.close()
             app.state.pg_pool.close()
+            if replica:
+                app.state.view_pool.close()
             await query_pool.close()
             app.state.redis.close()
             await async_redis.aclose()

@@ -23,6 +23,12 @@ async def get_db(request: Request) -> Db:
     return db
 
 
+async def get_batch_view_db(request: Request) -> Db:
+    """The blocking pool on the batch view (a streaming replica when configured)."""
+    db: Db = request.app.state.view_db
+    return db
+
+
 async def get_async_db(request: Request) -> AsyncDb:
     db: AsyncDb = request.app.state.async_db
     return db
@@ -40,6 +46,7 @@ async def get_observer(request: Request) -> ServingMetrics:
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 DbDep = Annotated[Db, Depends(get_db)]
+BatchViewDbDep = Annotated[Db, Depends(get_batch_view_db)]
 AsyncDbDep = Annotated[AsyncDb, Depends(get_async_db)]
 ViewDep = Annotated[MergedView, Depends(get_view)]
 ObserverDep = Annotated[ServingMetrics, Depends(get_observer)]

@@ -19,7 +19,7 @@ from psycopg_pool import ConnectionPool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.config import Settings
-from shared.db.served import read_served
+from shared.db.served import read_served, replay_lag_s
 from shared.metric_plan import read_plans
 
 log = logging.getLogger(__name__)
@@ -129,9 +129,12 @@ class WatermarkAgeCollector(Collector):
     """`batch_watermark_age_seconds{metric}` = now - W and `batch_last_run_failed`, read
     when Prometheus scrapes."""
 
-    def __init__(self, settings: Settings, pool: ConnectionPool) -> None:
+    def __init__(
+        self, settings: Settings, runs_pool: ConnectionPool, view_pool: ConnectionPool
+    ) -> None:
         self._settings = settings
-        self._pool = pool
+        self._runs_pool = runs_pool
+        self._view_pool = view_pool
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         gauge = GaugeMetricFamily(
@@ -143,9 +146,19 @@ class WatermarkAgeCollector(Collector):
             "batch_last_run_failed",
             "1 when the newest finished batch run failed (its error is in /v1/status), else 0",
         )
+        lag = GaugeMetricFamily(
+            "batch_view_replay_lag_seconds",
+            "How far the read replica the batch view is read from (serving.batch_view_url) "
+            "replays behind the primary: 0 when it has replayed all it received",
+        )
         try:
-            with self._pool.connection(timeout=2.0) as conn:
+            with self._view_pool.connection(timeout=2.0) as conn:
                 served = read_served(conn)
+                replay_lag = replay_lag_s(conn)
+            if replay_lag is not None:
+                lag.add_metric([], replay_lag)
+                yield lag
+            with self._runs_pool.connection(timeout=2.0) as conn:
                 last = conn.execute(
                     "SELECT status FROM batch_runs WHERE status IN ('succeeded', 'failed') "
                     "ORDER BY id DESC LIMIT 1"

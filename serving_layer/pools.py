@@ -1,6 +1,8 @@
 """PostgreSQL pools as routes use them. The query routes (series, top, keys) are `async` and
 use the asyncio pool, so a request costs no thread hand-off; the operator routes run in
-FastAPI's threadpool with the blocking pool.
+FastAPI's threadpool with the blocking pool. Reads of the batch view (the query routes,
+`/v1/status`'s served row) go to `Settings.batch_view_url`, a streaming replica when one is
+configured; the run routes to the primary, which alone takes writes.
 
 After PostgreSQL restarts, every pooled connection is dead. Unchecked, the pools handed them
 out one request at a time (each answered 503) while the replacements they started backed off
@@ -76,8 +78,9 @@ class _PoolNoise(logging.Filter):
 _POOL_NOISE = _PoolNoise()
 
 
-def blocking_pool(settings: Settings) -> ConnectionPool:
-    """The operator routes' pool (and `/readyz`'s), opened; connections checked (module doc)."""
+def blocking_pool(settings: Settings, url: str, min_size: int = 4) -> ConnectionPool:
+    """A pool of the routes run in threads, on `url`, opened; connections checked (module
+    doc)."""
     logging.getLogger("psycopg.pool").addFilter(_POOL_NOISE)
 
     def check(conn: psycopg.Connection[Any]) -> None:
@@ -89,7 +92,8 @@ def blocking_pool(settings: Settings) -> ConnectionPool:
                 raise
 
     pool: ConnectionPool = ConnectionPool(
-        settings.postgres.url,
+        url,
+        min_size=min_size,
         max_size=_MAX_SIZE,
         kwargs=_CONNECTION,
         check=check,
@@ -100,7 +104,8 @@ def blocking_pool(settings: Settings) -> ConnectionPool:
 
 
 def async_pool(settings: Settings) -> AsyncConnectionPool:
-    """The query routes' pool, not opened yet (`await pool.open()` in the event loop)."""
+    """The query routes' pool on the batch view (`Settings.batch_view_url`), not opened yet
+    (`await pool.open()` in the event loop)."""
     logging.getLogger("psycopg.pool").addFilter(_POOL_NOISE)
 
     async def check(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -112,7 +117,7 @@ def async_pool(settings: Settings) -> AsyncConnectionPool:
                 raise
 
     pool: AsyncConnectionPool = AsyncConnectionPool(
-        settings.postgres.url,
+        settings.batch_view_url,
         max_size=_MAX_SIZE,
         kwargs=_CONNECTION,
         check=check,
@@ -176,9 +181,9 @@ class Db:
     route's own worker thread. (A `yield` dependency would give it back from another
     threadpool task, which deadlocks once every worker thread waits for a connection.)"""
 
-    def __init__(self, pool: ConnectionPool) -> None:
+    def __init__(self, pool: ConnectionPool, name: str = "operator") -> None:
         self._pool = pool
-        self._waits = _Waits("operator")
+        self._waits = _Waits(name)
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:

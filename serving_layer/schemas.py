@@ -274,8 +274,16 @@ class MetricWatermark(BaseModel):
 
 class StatusResponse(BaseModel):
     speed_status: SpeedStatus
-    generation: int | None
+    generation: int | None = Field(
+        description="the served generation, as queries read it (from the read replica when "
+        "`serving.batch_view_url` is set)"
+    )
     published_at: str | None
+    replica_lag_s: float | None = Field(
+        default=None,
+        description="how far the read replica replays behind the primary (0: it has replayed "
+        "all it received); null when the batch view is read from the primary",
+    )
     partitions: list[PartitionLag]
     metrics: list[MetricWatermark]
     runs: list[Run]

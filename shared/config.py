@@ -637,6 +637,11 @@ class ServingSettings(_Strict):
     more are answered 503 with `Retry-After` at once instead of queueing behind them, so an
     overload shows as refusals, not as every client's time-out. Health, readiness and
     `/metrics` are exempt."""
+    batch_view_url: str | None = None
+    """A libpq URL of a PostgreSQL streaming replica of `postgres.url` to read the batch view
+    from (queries, `/v1/status`'s W, and the speed layer's reads of the served row); the
+    batch runner and the run routes keep the primary. Unset: the primary
+    (docs/operations.md, "A read replica for the batch view")."""
 
 
 class StackSettings(_Strict):
@@ -734,6 +739,13 @@ class Settings(BaseSettings):
 
     def plan(self, name: str) -> MetricPlan | None:
         return self.plans.get(name)
+
+    @property
+    def batch_view_url(self) -> str:
+        """Where the batch view is read (`serving.batch_view_url`, else the primary): every
+        reader of the served row and its cells uses this one, so the speed layer's cleanup
+        waits on the W the API serves (rule 8 in docs/semantics.md)."""
+        return self.serving.batch_view_url or self.postgres.url
 
     def plans_of(self, source: SourceConfig) -> tuple[MetricPlan, ...]:
         return tuple(p for p in self.plans.values() if p.source.name == source.name)

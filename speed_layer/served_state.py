@@ -2,7 +2,9 @@
 `watermark_refresh_s` — W per metric (rule 2's second clause), `rebuild_from` per partition
 (where a rebuild starts, rule 9) and, for each session metric, the sessions its keys continue
 from (rule 13), read with the row in one snapshot — and when each W was first seen, so cleanup
-deletes only cells below a W served for longer than any request may take (rule 8).
+deletes only cells below a W served for longer than any request may take (rule 8). The row
+is read where the API reads it (`Settings.batch_view_url`: a streaming replica, or the
+primary), so a W counts as served only once the API can see it.
 
 The worker needs only the last row it read: while PostgreSQL is unreachable no run can
 publish, so that row is still the served one. The worker keeps it (lateness keeps using its
@@ -49,7 +51,7 @@ class ServedState:
         if not self.backoff.due():
             return False
         try:
-            with connect(self.settings.postgres.url) as conn:
+            with connect(self.settings.batch_view_url) as conn:
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 served = read_served(conn)
                 watermarks = {

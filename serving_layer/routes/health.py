@@ -23,16 +23,21 @@ def healthz() -> Health:
     responses={503: {"model": Ready, "description": "a backing service is unreachable"}},
 )
 def readyz(request: Request) -> JSONResponse:
-    """Kafka, Redis and PostgreSQL reachable (each check bounded by a short timeout), and no
-    speed partition stalled (a partition whose batches keep failing: which, since when, why)."""
+    """Kafka, Redis and PostgreSQL (and the batch view's read replica, when one is
+    configured) reachable, each check bounded by a short timeout, and no speed partition
+    stalled (a partition whose batches keep failing: which, since when, why)."""
     state = request.app.state
     checks: dict[str, str] = {}
-    try:
-        with state.pg_pool.connection(timeout=3.0) as conn:
-            conn.execute("SELECT 1")
-        checks["postgres"] = "ok"
-    except Exception as exc:  # report, never raise: this endpoint tells what is down
-        checks["postgres"] = f"down: {type(exc).__name__}"
+    pools = {"postgres": state.pg_pool}
+    if state.view_pool is not state.pg_pool:
+        pools["batch_view_replica"] = state.view_pool
+    for name, pool in pools.items():
+        try:
+            with pool.connection(timeout=3.0) as conn:
+                conn.execute("SELECT 1")
+            checks[name] = "ok"
+        except Exception as exc:  # report, never raise: this endpoint tells what is down
+            checks[name] = f"down: {type(exc).__name__}"
     try:
         state.redis.ping()
         checks["redis"] = "ok"

@@ -7,7 +7,7 @@ import time
 from fastapi import APIRouter, Request
 
 from serving_layer.auth import ReaderDep
-from serving_layer.deps import DbDep, SettingsDep
+from serving_layer.deps import BatchViewDbDep, DbDep, SettingsDep
 from serving_layer.routes.runs import _iso, run_out
 from serving_layer.schemas import (
     MetricWatermark,
@@ -18,7 +18,7 @@ from serving_layer.schemas import (
 )
 from serving_layer.timefmt import format_time
 from shared.db.runs import list_runs
-from shared.db.served import read_served
+from shared.db.served import read_served, replay_lag_s
 from shared.metric_plan import read_plans
 from shared.speed_view import PartitionStall, fence_key, rebuild_member, stalled_partitions
 from shared.speed_view import speed_status as read_speed_status
@@ -38,10 +38,14 @@ def _stall_info(stall: PartitionStall | None) -> PartitionStallInfo | None:
 
 
 @router.get("/status", response_model=StatusResponse)
-def status(request: Request, settings: SettingsDep, db: DbDep) -> StatusResponse:
-    with db.connection() as conn:
+def status(
+    request: Request, settings: SettingsDep, db: DbDep, view_db: BatchViewDbDep
+) -> StatusResponse:
+    with view_db.connection() as conn:
         row = conn.execute("SELECT published_at FROM served_view WHERE id = 1").fetchone()
         served = read_served(conn)
+        replica_lag = replay_lag_s(conn)
+    with db.connection() as conn:
         runs = [run_out(r) for r in list_runs(conn, limit=5)]
     client = request.app.state.redis
     speed_status = read_speed_status(client)
@@ -103,6 +107,7 @@ def status(request: Request, settings: SettingsDep, db: DbDep) -> StatusResponse
         speed_status=speed_status,
         generation=None if served is None else served.generation,
         published_at=None if row is None else _iso(row[0]),
+        replica_lag_s=None if replica_lag is None else round(replica_lag, 3),
         partitions=partitions,
         metrics=metrics,
         runs=runs,

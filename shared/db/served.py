@@ -48,3 +48,16 @@ def read_served(conn: psycopg.Connection[Any]) -> ServedView | None:
     """The served row as seen by `conn`'s current snapshot; None before the first batch run."""
     row = conn.execute(_SELECT).fetchone()
     return None if row is None else ServedView(*row)
+
+
+_REPLAY_LAG = """
+SELECT CASE WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0
+            ELSE extract(epoch FROM now() - pg_last_xact_replay_timestamp()) END
+"""
+
+
+def replay_lag_s(conn: psycopg.Connection[Any]) -> float | None:
+    """How far a streaming replica's replay is behind: 0 when it has replayed all it
+    received, else the seconds since the commit it replayed last; None on a primary."""
+    row = conn.execute(_REPLAY_LAG).fetchone()
+    return None if row is None or row[0] is None else float(row[0])

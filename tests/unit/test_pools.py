@@ -22,7 +22,7 @@ def test_requests_fail_fast_once_postgres_is_known_down(
 ) -> None:
     monkeypatch.setattr(pools, "_WAIT_S", 2.0)
     settings = Settings(postgres={"url": f"postgresql://lambda:lambda@127.0.0.1:{free_port()}/x"})
-    pool = pools.blocking_pool(settings)
+    pool = pools.blocking_pool(settings, settings.postgres.url)
     db = pools.Db(pool)
     try:
         with caplog.at_level(logging.INFO):
@@ -66,7 +66,7 @@ def test_a_busy_pool_answers_overloaded_not_down(
     """Every connection held by other requests is overload: the 503 says so, and the next
     request still waits the usual time (PostgreSQL is up)."""
     monkeypatch.setattr(pools, "_WAIT_S", 0.5)
-    pool = pools.blocking_pool(stack)
+    pool = pools.blocking_pool(stack, stack.postgres.url)
     db = pools.Db(pool)
     try:
         with ExitStack() as held, caplog.at_level(logging.INFO):
