@@ -1,0 +1,322 @@
+"""The batch view at scale (issue #30 item 6): a generation of `--cells` cells (default 10^8)
+beside a small one (`--small`, default 10^6), each in a database of its own on the local
+stack's PostgreSQL, measured the same way:
+
+    .venv/bin/python bench/batch_view.py [--cells N] [--small N] [--reads N]
+
+The cells are generated inside PostgreSQL (`INSERT ... SELECT generate_series`: producing 10^8
+cells' worth of events and running Spark over them takes hours on 2 cores; the stored cells are
+the same rows either way) for one plain metric (`views`: key [page], count/sum/min/max, windows
+1m/1h/1d) over `DAYS` days, as many keys as the size needs, in time order (each minute's
+cells of every key in turn): a key's cells as scattered over the pages as an hourly
+incremental run leaves them (its hour of cells comes in no key order). The generation is then
+keyed and indexed (`index_generation`), attached and published as a full run does (`_flip`).
+
+Figures per view:
+
+- `bytes_per_cell`: the generation's table + indexes on disk over its cells (`heap` and
+  `index` apart); `load_s`, `index_s`: the generation and its key;
+- `s60_<pattern>_p99_ms`, `s1440_<pattern>_p99_ms`: the batch read of a 60-cell (an hour at
+  1m) and a 1,440-cell (a day at 1m) series, the very statement the API sends (`SERIES_SQL`,
+  prepared, served row and cells in one statement), each for a random key and start (no
+  answer cached), after as many unmeasured reads; p50 beside; `_pages`: the 8 KiB pages one
+  read touches. Two patterns: `recent`, starts in the view's last 2 days (what dashboards
+  poll), and `any`, starts anywhere in it (the worst case: once the view outgrows memory,
+  most of those pages come from disk);
+- `incr_publish_ms`: an incremental run's publication (`publish_incremental`: stage, read the
+  stored cells, merge, upsert, flip) of one new hour of every key's cells (a fixed 600 keys
+  x (60 + 1 + 1) cells whatever the view's size), median of 5 consecutive hours;
+- `expire_day_s`: retention removing the oldest day of 1m cells (`expire_cells`: a DELETE,
+  the batch view not being time-partitioned yet) and `vacuum_s`: the VACUUM after it;
+  `vacuum_after_load_s`: the VACUUM (ANALYZE) autovacuum would run after the load (run by the
+  bench before its reads, so that they do not meet it).
+
+The last line compares the big view with the small one: `<read>_p99_ratio` (target <= 1.5),
+`<read>_p50_ratio` and `incr_publish_ratio` (flat: ~1)."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from batch_layer.publish import (
+    Publication,
+    _flip,
+    expire_cells,
+    index_generation,
+    publish_incremental,
+)
+from bench.common import log, pct, with_db
+from lambdactl.stack import stack_up
+from serving_layer.batch_view import SERIES_SQL
+from shared.config import Settings
+from shared.db.cells import BatchCell
+from shared.db.migrate import upgrade
+from shared.metric_plan import MetricPlan
+from tests.conftest import drop_database
+
+MINUTE, HOUR, DAY = 60_000, 3_600_000, 86_400_000
+DAYS = 60
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z: the view's first day
+CELLS_PER_KEY = DAYS * (1440 + 24 + 1)
+NEW_KEYS = 600
+"""Keys an incremental publication's new hour holds, whatever the view's size."""
+
+_GENERATE = """
+INSERT INTO {table} (generation, metric, version, window_ms, start_ms, key, count, sum, min,
+                     max, sketches, sketch_summaries)
+SELECT %(generation)s, %(metric)s, %(version)s, w.size, %(t0)s + s * w.size,
+       ARRAY['/page/' || lpad(k::text, 6, '0')], 1 + (k * 7 + s) %% 50,
+       ((k * 13 + s) %% 1000) * 1.5, 0.5, 499.5, '{{}}'::bytea[], '{{}}'::float8[]
+FROM (VALUES (%(m)s::bigint, %(minutes)s), (%(h)s::bigint, %(hours)s),
+             (%(d)s::bigint, %(days)s)) AS w(size, n)
+CROSS JOIN LATERAL generate_series(0, w.n - 1) AS s
+CROSS JOIN LATERAL generate_series(0, %(keys)s - 1 + 0 * s) AS k
+"""
+"""Time-major: the lateral series are evaluated in order, each minute's keys in turn."""
+
+
+def view_plan() -> MetricPlan:
+    settings = Settings(
+        sources=[{"name": "pageviews", "topic": "bench-view", "time_field": "ts"}],
+        tables=[],
+        metrics=[
+            {
+                "name": "views",
+                "source": "pageviews",
+                "key": ["page"],
+                "value": "latency_ms",
+                "aggregations": ["count", "sum", "min", "max"],
+                "windows": ["1m", "1h", "1d"],
+                "retention": {"1m": f"{DAYS - 1}d"},
+                "grace": "2m",
+            }
+        ],
+    )
+    return settings.plans["views"]
+
+
+def load(conn: psycopg.Connection[Any], plan: MetricPlan, keys: int) -> dict[str, float]:
+    """Generate, key, attach and publish the view's one generation; its load figures."""
+    generation = conn.execute("SELECT nextval('batch_generation_seq')").fetchone()[0]  # type: ignore[index]
+    table = sql.Identifier(f"batch_cells_g{generation}")
+    with conn.transaction():
+        conn.execute(sql.SQL("CREATE TABLE {} (LIKE batch_cells)").format(table))
+        started = time.monotonic()
+        conn.execute(
+            sql.SQL(_GENERATE).format(table=table),
+            {
+                "generation": generation,
+                "metric": plan.name,
+                "version": plan.version,
+                "t0": T0,
+                "m": MINUTE,
+                "h": HOUR,
+                "d": DAY,
+                "minutes": DAYS * 1440,
+                "hours": DAYS * 24,
+                "days": DAYS,
+                "keys": keys,
+            },
+        )
+        load_s = time.monotonic() - started
+        started = time.monotonic()
+        index_generation(conn, table)
+        index_s = time.monotonic() - started
+        conn.execute(
+            sql.SQL("ALTER TABLE batch_cells ATTACH PARTITION {} FOR VALUES IN ({})").format(
+                table, sql.Literal(generation)
+            )
+        )
+        _flip(conn, generation, publication(plan, T0 + DAYS * DAY))
+    started = time.monotonic()
+    conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(table))  # what autovacuum does next
+    settle_s = time.monotonic() - started
+    heap, total = conn.execute(
+        "SELECT pg_table_size(%s::regclass), pg_total_relation_size(%s::regclass)",
+        [f"batch_cells_g{generation}"] * 2,
+    ).fetchone()  # type: ignore[misc]
+    cells = keys * CELLS_PER_KEY
+    return {
+        "generation": generation,
+        "cells": cells,
+        "load_s": load_s,
+        "index_s": index_s,
+        "vacuum_after_load_s": settle_s,
+        "heap_bytes_per_cell": heap / cells,
+        "index_bytes_per_cell": (total - heap) / cells,
+        "bytes_per_cell": total / cells,
+    }
+
+
+def publication(plan: MetricPlan, watermark: int, snapshot: int = 0) -> Publication:
+    topic = plan.source.topic
+    return Publication(
+        snapshot={topic: {"0": snapshot}},
+        watermarks={plan.name: watermark},
+        rebuild_from={topic: {"0": snapshot}},
+        versions={plan.name: plan.version},
+    )
+
+
+def reads(
+    conn: psycopg.Connection[Any], plan: MetricPlan, keys: int, cells: int, n: int, days: int
+) -> dict[str, float]:
+    """p50 and p99 ms of `n` series reads of `cells` 1m cells, each of a random key starting
+    at a random minute of the view's last `days` days (after `n` unmeasured ones), and the
+    8 KiB pages one such read touches (`EXPLAIN (ANALYZE, BUFFERS)`: hit in shared buffers
+    and read from the OS; the read's cost follows them once the view outgrows memory)."""
+    generation, stamp = conn.execute(
+        "SELECT generation, xmin::text FROM served_view WHERE id = 1"
+    ).fetchone()  # type: ignore[misc]
+    rng = random.Random(cells * days)
+    first_minute = (DAYS - days) * 1440
+
+    def params() -> dict[str, Any]:
+        first = T0 + (first_minute + rng.randrange(days * 1440 - cells)) * MINUTE
+        return {
+            "metric": plan.name,
+            "version": plan.version,
+            "x": stamp,
+            "generation": generation,
+            "key": [f"/page/{rng.randrange(keys):06d}"],
+            "needs": [False] * cells,
+            "sizes": [MINUTE] * cells,
+            "starts": [first + j * MINUTE for j in range(cells)],
+        }
+
+    latencies = []
+    for i in range(2 * n):
+        asked = params()
+        started = time.perf_counter()
+        rows = conn.execute(SERIES_SQL, asked, prepare=True).fetchall()
+        elapsed = (time.perf_counter() - started) * 1000
+        assert len(rows) == cells and rows[0][3] == MINUTE, (asked["key"], len(rows))
+        if i >= n:
+            latencies.append(elapsed)
+    explained = conn.execute(
+        sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + sql.SQL(SERIES_SQL), params()
+    ).fetchone()[0][0]["Plan"]  # type: ignore[index]
+    pages = explained["Shared Hit Blocks"] + explained["Shared Read Blocks"]
+    return {"p50_ms": pct(latencies, 0.5), "p99_ms": pct(latencies, 0.99), "pages": pages}
+
+
+def incremental_publications(conn: psycopg.Connection[Any], plan: MetricPlan) -> float:
+    """Median ms of 5 incremental publications, each of one new hour after the view's end."""
+    generation = conn.execute("SELECT generation FROM served_view WHERE id = 1").fetchone()[0]  # type: ignore[index]
+    times = []
+    end = T0 + DAYS * DAY
+    for hour in range(5):
+        start = end + hour * HOUR
+        new = [
+            BatchCell(
+                plan.name,
+                plan.version,
+                size,
+                cell_start,
+                [f"/page/new{k:04d}"],
+                60,
+                99.0,
+                0.5,
+                3.0,
+                [],
+                [],
+            )
+            for k in range(NEW_KEYS)
+            for size, cell_start in [
+                *((MINUTE, start + m * MINUTE) for m in range(60)),
+                (HOUR, start),
+                (DAY, start - start % DAY),
+            ]
+        ]
+        started = time.perf_counter()
+        publish_incremental(
+            conn,
+            generation,
+            {plan.source.topic: {"0": hour}},
+            new,
+            [],
+            publication(plan, start + HOUR, snapshot=hour + 1),
+            {plan.name: ()},
+        )
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def expire_a_day(conn: psycopg.Connection[Any], plan: MetricPlan) -> tuple[float, float]:
+    generation = conn.execute("SELECT generation FROM served_view WHERE id = 1").fetchone()[0]  # type: ignore[index]
+    started = time.monotonic()
+    with conn.transaction():
+        # W at the view's end: the 1m retention keeps all but the first day
+        expire_cells(conn, generation, [plan], {plan.name: T0 + DAYS * DAY})
+    expire_s = time.monotonic() - started
+    started = time.monotonic()
+    conn.execute(sql.SQL("VACUUM {}").format(sql.Identifier(f"batch_cells_g{generation}")))
+    vacuum_s = time.monotonic() - started
+    return expire_s, vacuum_s
+
+
+def measure(base: Settings, name: str, cells: int, n: int) -> dict[str, float]:
+    plan = view_plan()
+    keys = max(1, round(cells / CELLS_PER_KEY))
+    dbname = f"lp_bench_view_{name}_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(base.postgres.url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+    url = with_db(base.postgres.url, dbname)
+    try:
+        upgrade(url)
+        with psycopg.connect(url, autocommit=True) as conn:
+            log(f"{name}: generating {keys * CELLS_PER_KEY:,} cells ({keys} keys x {DAYS} days)")
+            figures = load(conn, plan, keys)
+            log(f"{name}: loaded in {figures['load_s']:.0f} s, keyed in {figures['index_s']:.0f} s")
+            for pattern, days in (("recent", 2), ("any", DAYS)):
+                for cells_read, count in ((60, n), (1440, n // 4)):
+                    read = reads(conn, plan, keys, cells_read, count, days)
+                    for figure, value in read.items():
+                        figures[f"s{cells_read}_{pattern}_{figure}"] = value
+            figures["incr_publish_ms"] = incremental_publications(conn, plan)
+            figures["expire_day_s"], figures["vacuum_s"] = expire_a_day(conn, plan)
+        shown = " ".join(
+            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items()
+        )
+        print(f"BENCH batch_view view={name} {shown}", flush=True)
+        return figures
+    finally:
+        drop_database(base.postgres.url, dbname)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cells", type=int, default=100_000_000)
+    parser.add_argument("--small", type=int, default=1_000_000)
+    parser.add_argument("--reads", type=int, default=2000, help="s60 reads per view")
+    args = parser.parse_args()
+    base = Settings()
+    stack_up(base, ("postgres",))
+    small = measure(base, "small", args.small, args.reads)
+    big = measure(base, "big", args.cells, args.reads)
+    ratios = {
+        **{
+            f"{read}_{q}_ratio": big[f"{read}_{q}_ms"] / small[f"{read}_{q}_ms"]
+            for read in ("s60_recent", "s1440_recent", "s60_any", "s1440_any")
+            for q in ("p50", "p99")
+        },
+        "incr_publish_ratio": big["incr_publish_ms"] / small["incr_publish_ms"],
+        "cells_ratio": big["cells"] / small["cells"],
+    }
+    print("BENCH batch_view " + " ".join(f"{k}={v:.3g}" for k, v in ratios.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
