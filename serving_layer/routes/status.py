@@ -42,7 +42,6 @@ def status(
     request: Request, settings: SettingsDep, db: DbDep, view_db: BatchViewDbDep
 ) -> StatusResponse:
     with view_db.connection() as conn:
-        row = conn.execute("SELECT published_at FROM served_view WHERE id = 1").fetchone()
         served = read_served(conn)
         replica_lag = replay_lag_s(conn)
     with db.connection() as conn:
@@ -89,6 +88,7 @@ def status(
                     stalled=_stall_info(stalls.get(rebuild_member(source.topic, p))),
                 )
             )
+    published = None if served is None else served.published_at
     now_ms = time.time() * 1000
     metrics = []
     for metric in read_plans(settings.plans.values()):
@@ -106,7 +106,7 @@ def status(
     return StatusResponse(
         speed_status=speed_status,
         generation=None if served is None else served.generation,
-        published_at=None if row is None else _iso(row[0]),
+        published_at=None if published is None else _iso(published),
         replica_lag_s=None if replica_lag is None else round(replica_lag, 3),
         partitions=partitions,
         metrics=metrics,

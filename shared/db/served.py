@@ -5,6 +5,7 @@ finds the next `rebuild_from` (rule 5)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -29,6 +30,9 @@ class ServedView:
     """topic -> partition (as text) -> `[day_start_ms, smallest offset]` of the source-valid
     events of each UTC day of the whole history (None, or a topic absent: unknown until a full
     run builds it)."""
+    published_at: datetime | None = field(default=None, compare=False)
+    """When the row was last published (not part of what is served: a run that changes no cell
+    still stamps it)."""
 
     def watermark(self, metric: str, version: str) -> int | None:
         """W of a metric, or None when the served cells are of another version (or none)."""
@@ -39,7 +43,7 @@ class ServedView:
 
 _SELECT = (
     "SELECT generation, snapshot, watermarks, rebuild_from, versions, rebuild_index, "
-    "history_index "
+    "history_index, published_at "
     "FROM served_view WHERE id = 1"
 )
 
