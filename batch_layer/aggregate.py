@@ -13,6 +13,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from batch_layer.decode import InputLayout
+from batch_layer.dedup_horizon import IdLookup, judge_copies
 from batch_layer.defined_inputs import (
     FILTERED,
     item_column,
@@ -64,6 +65,9 @@ class SourceRead:
     """Session metric -> key -> the last event time of the key's last stored session starting
     before the metric's `recompute_from`: its events are that session's, not re-read ones'
     (rule 13)."""
+    stream_times: dict[int, int] = field(default_factory=dict)
+    """partition -> its stream time at `fresh_from` (the served snapshot's; empty when every
+    row read is new)."""
 
     @property
     def rereads(self) -> int | None:
@@ -93,6 +97,11 @@ class SourceResult:
     rows_in: int
     malformed: int
     skipped: dict[str, int]
+    stream_times: dict[int, int] = field(default_factory=dict)
+    """partition -> its stream time at the run's snapshot (rule 2)."""
+    horizon_ids: pa.Table | None = None
+    """With a de-dup horizon: the new ids to remember, per partition
+    (`dedup_horizon.JudgedCopies.remembered`); `ids` is then empty."""
 
 
 def _slots_of_kind(metric: MetricPlan, kind: SketchKind) -> list[int]:
@@ -399,11 +408,6 @@ def _window_sizes(metric: MetricPlan) -> Column:
     return F.array(*[F.lit(w).cast("bigint") for w in metric.windows_ms])
 
 
-IdLookup = Callable[[pa.Table], pa.Table]
-"""Given first copies (partition, offset, event_id) read by this run, return the ids an earlier
-run already counted, with the position of the copy that counted (partition, offset, event_id)."""
-
-
 def _fresh(fresh_from: Mapping[int, int] | None) -> Column:
     """Rows at or after each partition's first offset not read by an earlier run."""
     if not fresh_from:
@@ -633,7 +637,27 @@ def aggregate_source(
         }
         events = rows.where(is_valid & (is_fresh | _reread(read)))
         ids_table = _EMPTY_IDS.empty_table()
-        if source.id_field is not None:
+        horizon_ids = None
+        stream_times = _after_read(read.stream_times, stream_times)
+        if source.dedup_horizon is not None:
+            judged = judge_copies(
+                rows.where(is_valid)
+                .select(
+                    "event_id",
+                    "partition",
+                    "offset",
+                    "time_ms",
+                    (is_fresh | _reread(read)).alias("judged"),
+                    is_fresh.alias("new"),
+                )
+                .toArrow(),
+                source.dedup_horizon,
+                read.stream_times,
+                seen_ids,
+            )
+            horizon_ids = judged.remembered
+            events = _without(events, _positions(judged.dropped))
+        elif source.id_field is not None:
             ids_table, dropped = _uncounted(_copies(events, read.fresh_from), seen_ids, read)
             events = _without(events, dropped)
         if ids_known is not None:
@@ -657,9 +681,20 @@ def aggregate_source(
             rows_in=sum(row["rows_in"] for row in summary),
             malformed=sum(row["malformed"] for row in summary),
             skipped=skipped,
+            stream_times=stream_times,
+            horizon_ids=horizon_ids,
         )
     finally:
         rows.unpersist()
+
+
+def _after_read(before: Mapping[int, int], read: Mapping[int, int]) -> dict[int, int]:
+    """Each partition's stream time after a read: the later of the one before it and the
+    latest event time read."""
+    after = dict(before)
+    for partition, stream_time in read.items():
+        after[partition] = max(stream_time, after.get(partition, stream_time))
+    return after
 
 
 _COUNTED_BEFORE = "counted_before"

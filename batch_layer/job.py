@@ -149,6 +149,7 @@ def _execute(
     rebuild_from: dict[str, dict[str, int]] = {}
     rebuild_index: dict[str, dict[str, list[list[int]]]] = {}
     history_index: dict[str, dict[str, list[list[int]]]] = {}
+    stream_times: dict[str, dict[str, int]] = {}
     with plan.publishing(conn, settings):
         for i, source in enumerate(settings.sources):
             ids_known = plan.ids_sink(source, last=i == len(settings.sources) - 1)
@@ -159,6 +160,7 @@ def _execute(
                 for p, end in ((int(k), v) for k, v in plan.snapshot[source.topic].items())
             }
             rebuild_index[source.topic] = {str(p): v for p, v in result.rebuild_index.items()}
+            stream_times[source.topic] = {str(p): t for p, t in result.stream_times.items()}
             if result.history_index is not None:
                 history_index[source.topic] = {str(p): v for p, v in result.history_index.items()}
         progress.floor(SPARK_SHARE)
@@ -173,6 +175,7 @@ def _execute(
             versions_of(settings.plans.values()),
             rebuild_index,
             history_index,
+            stream_times,
         )
         summary.generation, summary.rows_out = plan.publish(conn, settings, results, publication)
         summary.expired = expire_cells(

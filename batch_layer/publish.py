@@ -41,6 +41,82 @@ class Publication:
     versions: Mapping[str, str]
     rebuild_index: Mapping[str, Mapping[str, list[list[int]]]] = field(default_factory=dict)
     history_index: Mapping[str, Mapping[str, list[list[int]]]] = field(default_factory=dict)
+    stream_times: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+
+HORIZON_IDS_PARTITION_MS = 86_400_000
+"""The event-time span of one table of `horizon_ids` (a UTC day)."""
+
+
+@dataclass(frozen=True)
+class HorizonIds:
+    """What a run writes of the ids of sources with a de-dup horizon (rule 4 in
+    docs/semantics.md, "The de-dup horizon"), in its publishing transaction."""
+
+    rows: pa.Table
+    """(source, partition, event_id, offset, time_ms) of the new ids to remember."""
+    reach: Mapping[tuple[str, int], tuple[int, int]]
+    """(source, partition) -> (its stream time after the run, its source's horizon), for
+    every partition of every source with a horizon: ids further back than the horizon from
+    their partition's stream time are forgotten."""
+    replaces: Sequence[str] = ()
+    """Sources whose remembered ids the rows replace (a full run's)."""
+
+
+def write_horizon_ids(conn: psycopg.Connection[Any], ids: HorizonIds) -> int:
+    """Remember `ids.rows` — creating the day tables they need — then drop every day table
+    no partition can hold a duplicate for any more; returns how many tables were dropped."""
+    if ids.replaces:
+        conn.execute("DELETE FROM horizon_ids WHERE source = ANY(%s)", [list(ids.replaces)])
+    times = ids.rows.column("time_ms").combine_chunks().to_numpy(zero_copy_only=False)
+    days = np.unique(times - np.mod(times, HORIZON_IDS_PARTITION_MS))
+    for day in days.tolist():
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} PARTITION OF horizon_ids "
+                "FOR VALUES FROM ({}) TO ({})"
+            ).format(
+                sql.Identifier(_day_table(day)),
+                sql.Literal(day),
+                sql.Literal(day + HORIZON_IDS_PARTITION_MS),
+            )
+        )
+    copy_csv(
+        conn,
+        sql.SQL(
+            'COPY horizon_ids (source, partition, event_id, "offset", time_ms) '
+            "FROM STDIN (FORMAT csv)"
+        ),
+        ids.rows.to_batches(200_000),
+    )
+    dropped = 0
+    for table, start in _day_tables(conn):
+        end = start + HORIZON_IDS_PARTITION_MS
+        if all(end <= t - h for t, h in ids.reach.values() if t >= start):
+            conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(table)))
+            dropped += 1
+    return dropped
+
+
+def _day_table(day_start_ms: int) -> str:
+    day = day_start_ms // HORIZON_IDS_PARTITION_MS
+    return f"horizon_ids_d{day}" if day >= 0 else f"horizon_ids_dm{-day}"
+
+
+def _day_tables(conn: psycopg.Connection[Any]) -> list[tuple[str, int]]:
+    """(name, first event time) of each day table of `horizon_ids`."""
+    rows = conn.execute(
+        """
+        SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+        WHERE i.inhparent = 'horizon_ids'::regclass
+        """
+    ).fetchall()
+    found = []
+    for (name,) in rows:
+        digits = name.removeprefix("horizon_ids_d")
+        day = -int(digits[1:]) if digits.startswith("m") else int(digits)
+        found.append((name, day * HORIZON_IDS_PARTITION_MS))
+    return found
 
 
 class FullGeneration:
@@ -93,11 +169,15 @@ class FullGeneration:
             self._queue_key()
 
     def publish(
-        self, cells: pa.Table | Iterable[BatchCell], publication: Publication
+        self,
+        cells: pa.Table | Iterable[BatchCell],
+        publication: Publication,
+        horizon: HorizonIds | None = None,
     ) -> tuple[int, int]:
         """Load, index and attach the generation's cells and flip the served row, after every
         queued id load; returns (generation, cells written). `cells` is a table of the
-        `BatchCell` columns, or the cells."""
+        `BatchCell` columns, or the cells; `horizon` the ids of sources with a de-dup
+        horizon."""
         self._queue_key()
         for step in self._steps:
             step.result()
@@ -113,6 +193,8 @@ class FullGeneration:
                 table, sql.Literal(generation)
             )
         )
+        if horizon is not None:
+            write_horizon_ids(conn, horizon)
         fault_point("before_generation_flip")
         _flip(conn, generation, publication)
         self._published = True
@@ -340,13 +422,13 @@ def _flip(conn: psycopg.Connection[Any], generation: int, publication: Publicati
     conn.execute(
         """
         INSERT INTO served_view (id, generation, snapshot, watermarks, rebuild_from, versions,
-                                 rebuild_index, history_index, published_at)
-        VALUES (1, %s, %s, %s, %s, %s, %s, %s, now())
+                                 rebuild_index, history_index, stream_times, published_at)
+        VALUES (1, %s, %s, %s, %s, %s, %s, %s, %s, now())
         ON CONFLICT (id) DO UPDATE SET generation = excluded.generation,
             snapshot = excluded.snapshot, watermarks = excluded.watermarks,
             rebuild_from = excluded.rebuild_from, versions = excluded.versions,
             rebuild_index = excluded.rebuild_index, history_index = excluded.history_index,
-            published_at = excluded.published_at
+            stream_times = excluded.stream_times, published_at = excluded.published_at
         """,
         [
             generation,
@@ -356,6 +438,7 @@ def _flip(conn: psycopg.Connection[Any], generation: int, publication: Publicati
             Jsonb(publication.versions),
             Jsonb(publication.rebuild_index),
             Jsonb(publication.history_index),
+            Jsonb(publication.stream_times),
         ],
     )
 
@@ -514,12 +597,13 @@ def publish_incremental(
     publication: Publication,
     kinds: Mapping[str, Sequence[SketchKind]],
     recomputed: Iterable[tuple[str, str, int]] = (),
+    horizon: HorizonIds | None = None,
 ) -> int:
     """Merge the new events' cells into the served generation's stored cells, insert the new
     ids and advance the served row, in one transaction; returns the cells written. `kinds`
     are each metric's sketch slots. `recomputed` rows — (metric, version, first start) —
     name cells computed from every event (rule 11): they replace the stored ones from that
-    start on, in every window."""
+    start on, in every window. `horizon`: the ids of sources with a de-dup horizon."""
     with conn.transaction():
         _lock_served(conn, generation, previous_snapshot)
         for metric, version, since in recomputed:
@@ -540,6 +624,8 @@ def publish_incremental(
         _upsert_staged(conn, generation)
         fault_point("mid_load")
         copy_ids(conn, ids)
+        if horizon is not None:
+            write_horizon_ids(conn, horizon)
         fault_point("before_generation_flip")
         _flip(conn, generation, publication)
     return written

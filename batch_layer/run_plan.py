@@ -43,6 +43,7 @@ from batch_layer.kafka_source import earliest_event
 from batch_layer.lookups import earliest_change
 from batch_layer.publish import (
     FullGeneration,
+    HorizonIds,
     Publication,
     copy_csv,
     drop_old_generations,
@@ -143,7 +144,8 @@ class FullRun(RunPlan):
         cells = retained_cells(
             _cell_table(settings, results), settings.plans.values(), publication.watermarks
         )
-        return self._generation.publish(cells, publication)
+        horizon = _horizon_ids(settings, results, publication, replaces=True)
+        return self._generation.publish(cells, publication, horizon)
 
 
 @dataclass
@@ -166,6 +168,10 @@ class IncrementalRun(RunPlan):
         seeds = {
             m.name: self.session_seeds[m.name] for m in metrics if m.name in self.session_seeds
         }
+        stream_times = {int(p): t for p, t in served.stream_times.get(source.topic, {}).items()}
+        if source.dedup_horizon is not None and source.topic not in served.stream_times:
+            # the stream times a horizon is judged from are unknown: read from offset 0
+            return SourceRead({}, fresh_from, recompute_from=recompute_from, session_seeds=seeds)
         index = served.rebuild_index.get(source.topic)
         if index is None:  # published before the index existed: find the events after W again
             rebuild = {int(p): o for p, o in served.rebuild_from.get(source.topic, {}).items()}
@@ -173,7 +179,11 @@ class IncrementalRun(RunPlan):
             if recompute_from:
                 starts = {}
             return SourceRead(
-                starts, fresh_from, recompute_from=recompute_from, session_seeds=seeds
+                starts,
+                fresh_from,
+                recompute_from=recompute_from,
+                session_seeds=seeds,
+                stream_times=stream_times,
             )
         previous = {int(p): pairs for p, pairs in index.items()}
         history = (served.history_index or {}).get(source.topic)
@@ -189,7 +199,7 @@ class IncrementalRun(RunPlan):
                 if reread is None
                 else {p: min(o, reread.get(p, o)) for p, o in fresh_from.items()}
             )
-        return SourceRead(starts, fresh_from, previous, days, recompute_from, seeds)
+        return SourceRead(starts, fresh_from, previous, days, recompute_from, seeds, stream_times)
 
     def _index_threshold(self, metrics: Sequence[MetricPlan]) -> int | None:
         """The time from which the served rebuild index holds every event: the threshold the
@@ -199,7 +209,7 @@ class IncrementalRun(RunPlan):
         return min((w for w in served if w is not None), default=None)
 
     def seen_ids(self, settings: Settings, source: SourceConfig) -> IdLookup | None:
-        return None if source.id_field is None else _id_lookup(settings.postgres.url, source.name)
+        return None if source.id_field is None else _id_lookup(settings.postgres.url, source)
 
     def publish(
         self,
@@ -218,6 +228,7 @@ class IncrementalRun(RunPlan):
             publication,
             {m.name: m.kinds for m in settings.plans.values()},
             [(m, settings.plans[m].version, since) for m, since in self.recompute_from.items()],
+            _horizon_ids(settings, results, publication, replaces=False),
         )
         return served.generation, written
 
@@ -419,21 +430,34 @@ def _session_seeds(
     return seeds
 
 
-def _id_lookup(postgres_url: str, source: str) -> IdLookup:
-    """The ids among a run's first copies that an earlier run already counted."""
+def _id_lookup(postgres_url: str, source: SourceConfig) -> IdLookup:
+    """The ids among a run's first copies that an earlier run already counted: in the whole
+    source, or in the copy's partition for a source with a de-dup horizon (rule 4)."""
+    if source.dedup_horizon is None:
+        table, columns = "dedup_ids", ["event_id"]
+    else:
+        table, columns = "horizon_ids", ["partition", "event_id"]
+    probe = sql.SQL(", ").join(map(sql.Identifier, columns))
+    joined = sql.SQL(" AND ").join(
+        sql.SQL("d.{0} = p.{0}").format(sql.Identifier(c)) for c in columns
+    )
 
     def lookup(candidates: pa.Table) -> pa.Table:
         with connect(postgres_url) as conn:
-            conn.execute("CREATE TEMP TABLE probe_ids (event_id text) ON COMMIT DROP")
+            conn.execute(
+                "CREATE TEMP TABLE probe_ids (partition int, event_id text) ON COMMIT DROP"
+            )
             copy_csv(
                 conn,
-                sql.SQL("COPY probe_ids (event_id) FROM STDIN (FORMAT csv)"),
-                candidates.select(["event_id"]).to_batches(200_000),
+                sql.SQL("COPY probe_ids ({}) FROM STDIN (FORMAT csv)").format(probe),
+                candidates.select(columns).to_batches(200_000),
             )
             rows = conn.execute(
-                'SELECT p.event_id, d.partition, d."offset" FROM probe_ids p JOIN dedup_ids d '
-                "ON d.source = %s AND d.event_id = p.event_id",
-                [source],
+                sql.SQL(
+                    'SELECT p.event_id, d.partition, d."offset" FROM probe_ids p JOIN {} d '
+                    "ON d.source = %s AND {}"
+                ).format(sql.Identifier(table), joined),
+                [source.name],
             ).fetchall()
             conn.rollback()
         return pa.table(
@@ -445,6 +469,46 @@ def _id_lookup(postgres_url: str, source: str) -> IdLookup:
         )
 
     return lookup
+
+
+def _horizon_ids(
+    settings: Settings, results: Results, publication: Publication, *, replaces: bool
+) -> HorizonIds | None:
+    """What a full (`replaces`) or incremental run writes of the ids of its sources with a
+    de-dup horizon (None: an incremental run of sources without one). A full run always
+    clears its sources' remembered ids, so a source whose horizon was removed leaves none."""
+    tables = []
+    reach: dict[tuple[str, int], tuple[int, int]] = {}
+    for source, result in results:
+        if source.dedup_horizon is None or result.horizon_ids is None:
+            continue
+        ids = result.horizon_ids
+        tables.append(
+            pa.table(
+                {
+                    "source": pa.repeat(pa.scalar(source.name, pa.string()), ids.num_rows),
+                    **{name: ids.column(name) for name in ("partition", "event_id", "offset")},
+                    "time_ms": ids.column("time_ms"),
+                }
+            )
+        )
+        for partition, stream_time in publication.stream_times.get(source.topic, {}).items():
+            reach[(source.name, int(partition))] = (stream_time, source.dedup_horizon)
+    if not tables and not replaces:
+        return None
+    rows = pa.concat_tables(tables) if tables else _NO_HORIZON_IDS.empty_table()
+    return HorizonIds(rows, reach, [s.name for s, _ in results] if replaces else ())
+
+
+_NO_HORIZON_IDS = pa.schema(
+    [
+        ("source", pa.string()),
+        ("partition", pa.int32()),
+        ("event_id", pa.string()),
+        ("offset", pa.int64()),
+        ("time_ms", pa.int64()),
+    ]
+)
 
 
 def _cell_table(settings: Settings, results: list[tuple[SourceConfig, SourceResult]]) -> pa.Table:

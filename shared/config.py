@@ -103,11 +103,27 @@ class SourceConfig(_Strict):
     id_field: str | None = None
     partitions: int = Field(default=4, ge=1, le=1024)
     max_future: Duration = parse_duration("5m")
+    dedup_horizon: Duration | None = None
+    """How long an id is remembered, in stream time (rule 4 in docs/semantics.md, "The de-dup
+    horizon"): a copy whose partition's stream time has passed its event time by more than
+    this counts again, and de-duplication is per partition. Unset: every id forever."""
 
     @field_validator("name", "topic")
     @classmethod
     def _valid_name(cls, value: str) -> str:
         return _check_name(value, "source name/topic")
+
+    @model_validator(mode="after")
+    def _horizon_needs_ids(self) -> SourceConfig:
+        if self.dedup_horizon is not None:
+            if self.id_field is None:
+                raise ValueError(
+                    f"source {self.name!r}: dedup_horizon needs an id_field (it says how long "
+                    "ids are remembered); set id_field or remove dedup_horizon"
+                )
+            if self.dedup_horizon <= 0:
+                raise ValueError(f"source {self.name!r}: dedup_horizon must be positive")
+        return self
 
     @property
     def dlq_topic(self) -> str:
@@ -710,6 +726,7 @@ class Settings(BaseSettings):
                         f"{tables or 'none'}"
                     )
             _check_expressions(metric, self.source(metric.source))
+            _check_horizon(metric, self.source(metric.source))
         if any(m.lookups for m in self.metrics):
             from shared.metric_plan import compile_plan
 
@@ -749,6 +766,23 @@ class Settings(BaseSettings):
 
     def plans_of(self, source: SourceConfig) -> tuple[MetricPlan, ...]:
         return tuple(p for p in self.plans.values() if p.source.name == source.name)
+
+
+def _check_horizon(metric: MetricConfig, source: SourceConfig) -> None:
+    """A de-dup horizon at least as long as the time a metric's speed cells stay open: then
+    every copy the horizon lets count again is late for the speed layer, and both layers
+    agree on every copy they count (rule 4 in docs/semantics.md)."""
+    horizon = source.dedup_horizon
+    if horizon is None:
+        return
+    needed = min(metric.windows) + metric.grace
+    if horizon < needed:
+        raise ValueError(
+            f"metric {metric.name!r}: its source's dedup_horizon ({format_duration(horizon)}) "
+            f"is shorter than its base window plus grace ({format_duration(needed)}): a copy "
+            "the horizon lets count again must be late for the speed layer; raise "
+            "dedup_horizon to at least that"
+        )
 
 
 def _check_expressions(metric: MetricConfig, source: SourceConfig) -> None:

@@ -212,6 +212,12 @@ every metric (a full run and a speed rebuild, as for a changed definition) inste
 cells of both editions."""
 
 
+def _unversioned(source: SourceConfig) -> set[str]:
+    """The source keys a metric's version leaves out: the partition count, and the de-dup
+    horizon when unset (a source without one hashes as it did before the key existed)."""
+    return {"partitions"} | ({"dedup_horizon"} if source.dedup_horizon is None else set())
+
+
 def _version(
     metric: MetricConfig,
     source: SourceConfig,
@@ -228,7 +234,7 @@ def _version(
     unset.add("retention")  # how long cells are kept changes none of them
     definition: dict[str, object] = {
         "metric": metric.model_dump(mode="json", exclude=unset),
-        "source": source.model_dump(mode="json", exclude={"partitions"}),
+        "source": source.model_dump(mode="json", exclude=_unversioned(source)),
         "validity": VALIDITY_REVISION,
     }
     if tables:

@@ -120,6 +120,7 @@ class _Source:
     time_field: str
     id_field: str | None
     max_future_ms: int
+    dedup_horizon_ms: int | None
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,9 @@ def _sources(config: dict[str, Any]) -> dict[str, _Source]:
             time_field=s["time_field"],
             id_field=s.get("id_field"),
             max_future_ms=parse_duration(s.get("max_future", "5m")),
+            dedup_horizon_ms=(
+                None if s.get("dedup_horizon") is None else parse_duration(s["dedup_horizon"])
+            ),
         )
         for s in config["sources"]
     }
@@ -694,7 +698,7 @@ def _accumulate(
     for source in sources.values():
         source_metrics = [m for m in metrics if m.source == source.name and not m.session_part]
         sessions: dict[tuple[str, Key], list[tuple[int, _Fields]]] = {}
-        seen_ids: set[str] = set()
+        seen_ids: set[tuple[int, str]] = set()
         ordered = sorted(
             (r for r in records if r.topic == source.topic),
             key=lambda r: (r.partition, r.offset),
@@ -709,10 +713,17 @@ def _accumulate(
             where = (record.topic, record.partition)
             stream_time[where] = max(stream_time.get(where, event_time), event_time)
             if event_id is not None:
-                if event_id in seen_ids:
-                    duplicates += 1
-                    continue
-                seen_ids.add(event_id)
+                # Rule 4: ids count once per source; with a horizon, once per partition, and
+                # a copy its partition's stream time has passed by more than it counts again
+                # without being remembered.
+                horizon = source.dedup_horizon_ms
+                seen = (-1 if horizon is None else record.partition, event_id)
+                beyond = horizon is not None and stream_time[where] - event_time > horizon
+                if not beyond:
+                    if seen in seen_ids:
+                        duplicates += 1
+                        continue
+                    seen_ids.add(seen)
             kept.append((event, event_time, stream_time[where]))
         events = [(e, t) for e, t, _ in kept]
         joined = {m.name: _joined(m, source.time_field, events, tables) for m in source_metrics}

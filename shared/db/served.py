@@ -30,6 +30,9 @@ class ServedView:
     """topic -> partition (as text) -> `[day_start_ms, smallest offset]` of the source-valid
     events of each UTC day of the whole history (None, or a topic absent: unknown until a full
     run builds it)."""
+    stream_times: dict[str, dict[str, int]] = field(default_factory=dict)
+    """topic -> partition (as text) -> the partition's stream time (rule 2) at the snapshot:
+    the latest event time read from it (empty: published before it was kept)."""
     published_at: datetime | None = field(default=None, compare=False)
     """When the row was last published (not part of what is served: a run that changes no cell
     still stamps it)."""
@@ -43,7 +46,7 @@ class ServedView:
 
 _SELECT = (
     "SELECT generation, snapshot, watermarks, rebuild_from, versions, rebuild_index, "
-    "history_index, published_at "
+    "history_index, stream_times, published_at "
     "FROM served_view WHERE id = 1"
 )
 

@@ -722,3 +722,26 @@ def test_a_session_metric_keeps_its_base_window_at_least_max_duration(
     config["metrics"][0]["retention"] = {"1m": "12h"}
     write_config(monkeypatch, tmp_path, config)
     assert load_settings().plan("views_by_page") is not None
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ({"id_field": None, "dedup_horizon": "7d"}, "dedup_horizon needs an id_field"),
+        ({"dedup_horizon": "1m"}, "shorter than its base window plus grace (3m)"),
+    ],
+)
+def test_a_dedup_horizon_needs_ids_and_must_outlast_the_speed_cells(
+    source: dict[str, Any], message: str
+) -> None:
+    config: dict[str, Any] = {
+        "sources": [{"name": "pv", "topic": "pv", "time_field": "ts", "id_field": "id", **source}],
+        "metrics": [
+            {"name": "m", "source": "pv", "windows": ["1m"], "grace": "2m"},
+        ],
+    }
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Settings(**config)
+    config["sources"][0]["dedup_horizon"] = "3m"
+    config["sources"][0]["id_field"] = "id"
+    assert Settings(**config).sources[0].dedup_horizon == 3 * 60_000

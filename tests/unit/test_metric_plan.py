@@ -307,3 +307,9 @@ def test_a_session_metric_has_two_parts_of_their_own_built_from_its_sessions() -
     longer = visits.model_copy(update={"session": session.model_copy(update={"gap": HOUR})})
     again = compile_plans((source,), (longer,))
     assert all(again[p.name].version != p.version for p in parts), "the gap is in the version"
+
+
+def test_a_dedup_horizon_changes_the_version_of_its_sources_metrics() -> None:
+    changed = config()
+    changed["sources"][0]["dedup_horizon"] = "7d"
+    assert plan_of(changed).version != GOLDEN["views_by_page"]
