@@ -573,8 +573,9 @@ def aggregate_source(
     divides every W of the source (the greatest common divisor of its base windows): the
     rebuild index's bucket size.
 
-    `ids_known`, if given, receives the new ids (as `SourceResult.ids`) as soon as they are
-    known, before the cells are computed (a full run loads them meanwhile).
+    `ids_known`, if given, receives the new ids (as `SourceResult.ids`, or `horizon_ids` for
+    a source with a de-dup horizon) as soon as they are known, before the cells are computed
+    (a full run loads them meanwhile).
 
     Incremental runs pass `read` (which rows are new, the served rebuild index, the cells to
     recompute from every event) and `seen_ids` (the id table lookup). Range runs pass
@@ -661,7 +662,7 @@ def aggregate_source(
             ids_table, dropped = _uncounted(_copies(events, read.fresh_from), seen_ids, read)
             events = _without(events, dropped)
         if ids_known is not None:
-            ids_known(ids_table)
+            ids_known(ids_table if horizon_ids is None else horizon_ids)
         if time_range is not None:
             events = events.where(
                 (F.col("time_ms") >= F.lit(time_range[0]))

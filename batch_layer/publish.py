@@ -59,18 +59,19 @@ class HorizonIds:
     """(source, partition) -> (its stream time after the run, its source's horizon), for
     every partition of every source with a horizon: ids further back than the horizon from
     their partition's stream time are forgotten."""
-    replaces: Sequence[str] = ()
-    """Sources whose remembered ids the rows replace (a full run's)."""
 
 
 def write_horizon_ids(conn: psycopg.Connection[Any], ids: HorizonIds) -> int:
-    """Remember `ids.rows` — creating the day tables they need — then drop every day table
-    no partition can hold a duplicate for any more; returns how many tables were dropped."""
-    if ids.replaces:
-        conn.execute("DELETE FROM horizon_ids WHERE source = ANY(%s)", [list(ids.replaces)])
-    times = ids.rows.column("time_ms").combine_chunks().to_numpy(zero_copy_only=False)
-    days = np.unique(times - np.mod(times, HORIZON_IDS_PARTITION_MS))
-    for day in days.tolist():
+    """Remember `ids.rows` and forget the days past every horizon (`forget_horizon_days`)."""
+    load_horizon_ids(conn, ids.rows)
+    return forget_horizon_days(conn, ids.reach)
+
+
+def load_horizon_ids(conn: psycopg.Connection[Any], rows: pa.Table) -> None:
+    """COPY (source, partition, event_id, offset, time_ms) rows into `horizon_ids`, creating
+    the day tables they need, in key order (a presorted load builds the key faster)."""
+    times = rows.column("time_ms").combine_chunks().to_numpy(zero_copy_only=False)
+    for day in np.unique(times - np.mod(times, HORIZON_IDS_PARTITION_MS)).tolist():
         conn.execute(
             sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} PARTITION OF horizon_ids "
@@ -81,18 +82,27 @@ def write_horizon_ids(conn: psycopg.Connection[Any], ids: HorizonIds) -> int:
                 sql.Literal(day + HORIZON_IDS_PARTITION_MS),
             )
         )
+    keys = [(name, "ascending") for name in ("source", "partition", "event_id")]
     copy_csv(
         conn,
         sql.SQL(
             'COPY horizon_ids (source, partition, event_id, "offset", time_ms) '
             "FROM STDIN (FORMAT csv)"
         ),
-        ids.rows.to_batches(200_000),
+        rows.take(pc.sort_indices(rows, sort_keys=keys)).to_batches(200_000),
     )
+
+
+def forget_horizon_days(
+    conn: psycopg.Connection[Any], reach: Mapping[tuple[str, int], tuple[int, int]]
+) -> int:
+    """Drop every day table of `horizon_ids` that no partition can still need: each partition
+    whose stream time reaches the day has passed its end by the horizon (`HorizonIds.reach`).
+    Returns how many were dropped."""
     dropped = 0
     for table, start in _day_tables(conn):
         end = start + HORIZON_IDS_PARTITION_MS
-        if all(end <= t - h for t, h in ids.reach.values() if t >= start):
+        if all(end <= t - h for t, h in reach.values() if t >= start):
             conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(table)))
             dropped += 1
     return dropped
@@ -160,24 +170,32 @@ class FullGeneration:
             exc_type, exc = psycopg.Rollback, psycopg.Rollback()
         self._transaction.__exit__(exc_type, exc, tb)
 
+    def add_horizon_ids(self, rows: pa.Table) -> None:
+        """Queue the load of a source with a de-dup horizon's ids (`load_horizon_ids`)."""
+        self._steps.append(self._worker.submit(load_horizon_ids, self.conn, rows))
+
     def add_ids(self, ids: pa.Table | Iterable[tuple[str, str, int, int]], *, last: bool) -> None:
         """Queue the load of (source, event_id, partition, offset) rows; `last` when no more
         follow, so the key is rebuilt right after them."""
         table = _ids_table(ids)
         self._steps.append(self._worker.submit(self._load_ids, table))
         if last:
-            self._queue_key()
+            self.ids_done()
+
+    def ids_done(self) -> None:
+        """No more ids follow: rebuild the id table's key right after the loads queued."""
+        self._queue_key()
 
     def publish(
         self,
         cells: pa.Table | Iterable[BatchCell],
         publication: Publication,
-        horizon: HorizonIds | None = None,
+        horizon_reach: Mapping[tuple[str, int], tuple[int, int]] | None = None,
     ) -> tuple[int, int]:
         """Load, index and attach the generation's cells and flip the served row, after every
         queued id load; returns (generation, cells written). `cells` is a table of the
-        `BatchCell` columns, or the cells; `horizon` the ids of sources with a de-dup
-        horizon."""
+        `BatchCell` columns, or the cells; `horizon_reach` how far back the sources with a
+        de-dup horizon need their ids (`HorizonIds.reach`)."""
         self._queue_key()
         for step in self._steps:
             step.result()
@@ -193,8 +211,8 @@ class FullGeneration:
                 table, sql.Literal(generation)
             )
         )
-        if horizon is not None:
-            write_horizon_ids(conn, horizon)
+        if horizon_reach is not None:
+            forget_horizon_days(conn, horizon_reach)
         fault_point("before_generation_flip")
         _flip(conn, generation, publication)
         self._published = True
@@ -209,7 +227,9 @@ class FullGeneration:
         """Remove the run's sources' ids. When the table holds no other source it is
         truncated and its key dropped, to be rebuilt after the load (much faster than
         deleting and inserting row by row); only the batch layer reads it, one run at a
-        time, inside this transaction."""
+        time, inside this transaction. The ids of sources with a de-dup horizon are deleted
+        (at most a horizon of them)."""
+        self.conn.execute("DELETE FROM horizon_ids WHERE source = ANY(%s)", [self.sources])
         if _holds_other_sources(self.conn, self.sources):
             self.conn.execute("DELETE FROM dedup_ids WHERE source = ANY(%s)", [self.sources])
             return

@@ -131,7 +131,15 @@ class FullRun(RunPlan):
     def ids_sink(self, source: SourceConfig, *, last: bool) -> Callable[[pa.Table], None] | None:
         generation = self._generation
         assert generation is not None, "ids are loaded inside `publishing`"
-        return lambda ids: generation.add_ids(_source_ids(source, ids), last=last)
+        if source.dedup_horizon is None:
+            return lambda ids: generation.add_ids(_source_ids(source, ids), last=last)
+
+        def remember(ids: pa.Table) -> None:
+            generation.add_horizon_ids(_horizon_rows(source, ids))
+            if last:
+                generation.ids_done()
+
+        return remember
 
     def publish(
         self,
@@ -144,8 +152,8 @@ class FullRun(RunPlan):
         cells = retained_cells(
             _cell_table(settings, results), settings.plans.values(), publication.watermarks
         )
-        horizon = _horizon_ids(settings, results, publication, replaces=True)
-        return self._generation.publish(cells, publication, horizon)
+        reach = _horizon_reach(results, publication)
+        return self._generation.publish(cells, publication, reach)
 
 
 @dataclass
@@ -228,7 +236,7 @@ class IncrementalRun(RunPlan):
             publication,
             {m.name: m.kinds for m in settings.plans.values()},
             [(m, settings.plans[m].version, since) for m, since in self.recompute_from.items()],
-            _horizon_ids(settings, results, publication, replaces=False),
+            _horizon_ids(results, publication),
         )
         return served.generation, written
 
@@ -471,44 +479,39 @@ def _id_lookup(postgres_url: str, source: SourceConfig) -> IdLookup:
     return lookup
 
 
-def _horizon_ids(
-    settings: Settings, results: Results, publication: Publication, *, replaces: bool
-) -> HorizonIds | None:
-    """What a full (`replaces`) or incremental run writes of the ids of its sources with a
-    de-dup horizon (None: an incremental run of sources without one). A full run always
-    clears its sources' remembered ids, so a source whose horizon was removed leaves none."""
-    tables = []
-    reach: dict[tuple[str, int], tuple[int, int]] = {}
-    for source, result in results:
-        if source.dedup_horizon is None or result.horizon_ids is None:
-            continue
-        ids = result.horizon_ids
-        tables.append(
-            pa.table(
-                {
-                    "source": pa.repeat(pa.scalar(source.name, pa.string()), ids.num_rows),
-                    **{name: ids.column(name) for name in ("partition", "event_id", "offset")},
-                    "time_ms": ids.column("time_ms"),
-                }
-            )
-        )
-        for partition, stream_time in publication.stream_times.get(source.topic, {}).items():
-            reach[(source.name, int(partition))] = (stream_time, source.dedup_horizon)
-    if not tables and not replaces:
-        return None
-    rows = pa.concat_tables(tables) if tables else _NO_HORIZON_IDS.empty_table()
-    return HorizonIds(rows, reach, [s.name for s, _ in results] if replaces else ())
+def _horizon_rows(source: SourceConfig, ids: pa.Table) -> pa.Table:
+    """(source, partition, event_id, offset, time_ms) of a source's ids to remember."""
+    return pa.table(
+        {
+            "source": pa.repeat(pa.scalar(source.name, pa.string()), ids.num_rows),
+            **{name: ids.column(name) for name in ("partition", "event_id", "offset", "time_ms")},
+        }
+    )
 
 
-_NO_HORIZON_IDS = pa.schema(
-    [
-        ("source", pa.string()),
-        ("partition", pa.int32()),
-        ("event_id", pa.string()),
-        ("offset", pa.int64()),
-        ("time_ms", pa.int64()),
+def _horizon_reach(
+    results: Results, publication: Publication
+) -> dict[tuple[str, int], tuple[int, int]]:
+    """`HorizonIds.reach` of the run's sources with a de-dup horizon."""
+    return {
+        (source.name, int(partition)): (stream_time, source.dedup_horizon)
+        for source, _ in results
+        if source.dedup_horizon is not None
+        for partition, stream_time in publication.stream_times.get(source.topic, {}).items()
+    }
+
+
+def _horizon_ids(results: Results, publication: Publication) -> HorizonIds | None:
+    """What an incremental run writes of the ids of its sources with a de-dup horizon (None:
+    it has none)."""
+    tables = [
+        _horizon_rows(source, result.horizon_ids)
+        for source, result in results
+        if result.horizon_ids is not None
     ]
-)
+    if not tables:
+        return None
+    return HorizonIds(pa.concat_tables(tables), _horizon_reach(results, publication))
 
 
 def _cell_table(settings: Settings, results: list[tuple[SourceConfig, SourceResult]]) -> pa.Table:

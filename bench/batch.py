@@ -86,6 +86,14 @@ bench's metrics and a session metric beside them (`SESSION_METRIC`: sessions per
 its cells, its parts' cells and one cell per session. Adds `sessions_events_per_s=<n>`,
 `sessions_ratio=<r>` (over the full run's events/s; #29 asks at least 0.6), `sessions_cpu_s`,
 `sessions_cpu_ratio` and its stages, as above.
+
+`--horizon`: likewise a full run over the same topic in a database of its own, with the
+source's `dedup_horizon: 7d` (rule 4: ids per partition, judged against each partition's
+stream time, remembered in day tables; the history's 24 h all lie within it, so every id is
+remembered), and after the 10x world's incremental run, that world's incremental run over the
+same new hour. Adds `horizon_events_per_s=<n>`, `horizon_ratio=<r>` (over the full run's
+events/s), `horizon_cpu_s`, `horizon_cpu_ratio`, `horizon_incr_s` and `horizon_incr_ratio`
+(its incremental run's wall time over the 10x world's: above 1, slower).
 """
 
 from __future__ import annotations
@@ -291,10 +299,11 @@ def make_world(
     expressions: bool = False,
     lookups: bool = False,
     sessions: bool = False,
+    horizon: str | None = None,
 ) -> World:
     """A database of its own and the topics of `tag`, or those of the world `topic_of` (tag);
     `lookups`: and the table topic `pages-<tag>` (`with_lookups`); `sessions`: with
-    `SESSION_METRIC` too."""
+    `SESSION_METRIC` too; `horizon`: the source's `dedup_horizon`."""
     dbname = f"lp_bench_{tag}"
     with psycopg.connect(base.postgres.url, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
@@ -307,6 +316,11 @@ def make_world(
         platform = with_lookups(platform, f"pages-{tag}")
     if sessions:
         platform = {**platform, "metrics": [*platform["metrics"], SESSION_METRIC]}
+    if horizon is not None:
+        platform = {
+            **platform,
+            "sources": [{**source, "dedup_horizon": horizon} for source in platform["sources"]],
+        }
     config: dict[str, Any] = {
         **platform,
         "kafka": {"bootstrap_servers": base.kafka.bootstrap_servers},
@@ -484,6 +498,11 @@ def main() -> None:
         help="also a full run over the 10x history with a session metric beside (rule 13)",
     )
     parser.add_argument(
+        "--horizon",
+        action="store_true",
+        help="also full and incremental runs over the 10x history with a 7d dedup_horizon",
+    )
+    parser.add_argument(
         "--table-keys", type=int, default=100_000, help="--lookups' table size (keys)"
     )
     parser.add_argument("--table-versions", type=int, default=3, help="--lookups' versions per key")
@@ -499,7 +518,7 @@ def main() -> None:
     print(f"spark session start-up {time.monotonic() - started:.1f} s (not counted)", flush=True)
     now = int(time.time() * 1000) // HOUR * HOUR
     worlds = [make_world(base, f"{tag}x{n}", not args.no_quantiles) for n in (1, 10)]
-    expr_world = lookup_world = session_world = None
+    expr_world = lookup_world = session_world = horizon_world = None
     if args.expressions:
         expr_world = make_world(
             base, f"{tag}x10e", not args.no_quantiles, topic_of=f"{tag}x10", expressions=True
@@ -515,6 +534,11 @@ def main() -> None:
             base, f"{tag}x10s", not args.no_quantiles, topic_of=f"{tag}x10", sessions=True
         )
         worlds.append(session_world)
+    if args.horizon:
+        horizon_world = make_world(
+            base, f"{tag}x10h", not args.no_quantiles, topic_of=f"{tag}x10", horizon="7d"
+        )
+        worlds.append(horizon_world)
     parquet = tempfile.mkdtemp(prefix="lambda-bench-plain-")
     rss = PeakRss()
     rss.start()
@@ -602,6 +626,17 @@ def main() -> None:
                     )
                     spark_done = time.monotonic()
                     settle.append(session_world.dbname)
+                if horizon_world is not None:
+                    for dbname in settle:
+                        wait_for_autovacuum(base, dbname)
+                    python_workers_ended(spark_done)
+                    extra.append(
+                        variant_run(spark, horizon_world, full, "horizon", "with a de-dup horizon")[
+                            0
+                        ]
+                    )
+                    spark_done = time.monotonic()
+                    settle.append(horizon_world.dbname)
             fill(world, now - HOUR, now, one_x // 24, 100 + factor, args.malformed)
             waited = sum(wait_for_autovacuum(base, db) for db in settle)
             python_workers_ended(spark_done)
@@ -619,6 +654,21 @@ def main() -> None:
                 flush=True,
             )
             results[f"incr_{factor}x_s"] = incr.wall_s
+            if factor == 10 and horizon_world is not None:
+                wait_for_autovacuum(base, horizon_world.dbname)
+                python_workers_ended(spark_done)
+                horizon_incr = timed_run(horizon_world, spark, "incremental")
+                spark_done = time.monotonic()
+                assert horizon_incr.summary.mode == "incremental"
+                print(
+                    f"10x: incremental run with a de-dup horizon {horizon_incr.wall_s:.1f} s, "
+                    f"phases {horizon_incr.summary.timings}",
+                    flush=True,
+                )
+                extra.append(
+                    f"horizon_incr_s={horizon_incr.wall_s:.2f} "
+                    f"horizon_incr_ratio={horizon_incr.wall_s / incr.wall_s:.2f}"
+                )
         assert full is not None
         events = int(results["full_10x_events"])
         wall = results["full_10x_s"]
@@ -738,7 +788,12 @@ def correction_run(
     )
 
 
-VARIANTS = {"expr": "expressions", "lookup": "lookup", "sessions": "sessions"}
+VARIANTS = {
+    "expr": "expressions",
+    "lookup": "lookup",
+    "sessions": "sessions",
+    "horizon": "horizon",
+}
 """A variant run's BENCH prefix -> its name in the log."""
 
 

@@ -115,10 +115,10 @@ def test_horizon_and_retention_across_batch_speed_and_the_api(
         for key in KEYS:
             metric = _metric_of(key)
             w = served.watermarks[metric]
-            hours = _series(client, metric, "1h", now - 3 * HOUR, w - w % HOUR, **key)
+            first_hour = now - 3 * HOUR - (now - 3 * HOUR) % HOUR
+            hours = _series(client, metric, "1h", first_hour, w - w % HOUR, **key)
             assert hours.status_code == 200, hours.text
             got = {p["start"]: p for p in hours.json()["points"]}
-            first_hour = now - 3 * HOUR - (now - 3 * HOUR) % HOUR
             for at in range(first_hour, w - w % HOUR, HOUR):
                 want = everything.get((metric, HOUR, at, tuple(key.values())))
                 mismatches += _compare(metric, HOUR, at, key, want, got.pop(format_time(at), None))
