@@ -442,9 +442,10 @@ def _id_lookup(postgres_url: str, source: SourceConfig) -> IdLookup:
     """The ids among a run's first copies that an earlier run already counted: in the whole
     source, or in the copy's partition for a source with a de-dup horizon (rule 4)."""
     if source.dedup_horizon is None:
-        table, columns = "dedup_ids", ["event_id"]
+        table, columns, found = "dedup_ids", ["event_id"], ["event_id", "partition", "offset"]
     else:
         table, columns = "horizon_ids", ["partition", "event_id"]
+        found = ["event_id", "partition", "offset", "time_ms"]
     probe = sql.SQL(", ").join(map(sql.Identifier, columns))
     joined = sql.SQL(" AND ").join(
         sql.SQL("d.{0} = p.{0}").format(sql.Identifier(c)) for c in columns
@@ -461,22 +462,31 @@ def _id_lookup(postgres_url: str, source: SourceConfig) -> IdLookup:
                 candidates.select(columns).to_batches(200_000),
             )
             rows = conn.execute(
-                sql.SQL(
-                    'SELECT p.event_id, d.partition, d."offset" FROM probe_ids p JOIN {} d '
-                    "ON d.source = %s AND {}"
-                ).format(sql.Identifier(table), joined),
+                sql.SQL("SELECT {} FROM probe_ids p JOIN {} d ON d.source = %s AND {}").format(
+                    sql.SQL(", ").join(sql.Identifier("d", c) for c in found),
+                    sql.Identifier(table),
+                    joined,
+                ),
                 [source.name],
             ).fetchall()
             conn.rollback()
         return pa.table(
             {
-                "event_id": pa.array([r[0] for r in rows], pa.string()),
-                "partition": pa.array([r[1] for r in rows], pa.int32()),
-                "offset": pa.array([r[2] for r in rows], pa.int64()),
+                name: pa.array([r[i] for r in rows], _ID_COLUMNS[name])
+                for i, name in enumerate(found)
             }
         )
 
     return lookup
+
+
+_ID_COLUMNS = {
+    "event_id": pa.string(),
+    "partition": pa.int32(),
+    "offset": pa.int64(),
+    "time_ms": pa.int64(),
+}
+"""The types of what an id lookup returns."""
 
 
 def _horizon_rows(source: SourceConfig, ids: pa.Table) -> pa.Table:

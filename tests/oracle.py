@@ -698,7 +698,8 @@ def _accumulate(
     for source in sources.values():
         source_metrics = [m for m in metrics if m.source == source.name and not m.session_part]
         sessions: dict[tuple[str, Key], list[tuple[int, _Fields]]] = {}
-        seen_ids: set[tuple[int, str]] = set()
+        seen_ids: set[str] = set()
+        remembered: dict[tuple[int, str], int] = {}
         ordered = sorted(
             (r for r in records if r.topic == source.topic),
             key=lambda r: (r.partition, r.offset),
@@ -712,18 +713,20 @@ def _accumulate(
             event, event_time, event_id = parsed
             where = (record.topic, record.partition)
             stream_time[where] = max(stream_time.get(where, event_time), event_time)
-            if event_id is not None:
-                # Rule 4: ids count once per source; with a horizon, once per partition, and
-                # a copy its partition's stream time has passed by more than it counts again
-                # without being remembered.
-                horizon = source.dedup_horizon_ms
-                seen = (-1 if horizon is None else record.partition, event_id)
-                beyond = horizon is not None and stream_time[where] - event_time > horizon
-                if not beyond:
-                    if seen in seen_ids:
-                        duplicates += 1
-                        continue
-                    seen_ids.add(seen)
+            horizon = source.dedup_horizon_ms
+            if event_id is not None and horizon is None:  # rule 4: an id counts once
+                if event_id in seen_ids:
+                    duplicates += 1
+                    continue
+                seen_ids.add(event_id)
+            elif event_id is not None:
+                # rule 4's horizon: per partition, an id is remembered from the copy that
+                # counted until the stream time has passed that copy's time by the horizon
+                counted_at = remembered.get((record.partition, event_id))
+                if counted_at is not None and stream_time[where] - counted_at <= horizon:
+                    duplicates += 1
+                    continue
+                remembered[(record.partition, event_id)] = event_time
             kept.append((event, event_time, stream_time[where]))
         events = [(e, t) for e, t, _ in kept]
         joined = {m.name: _joined(m, source.time_field, events, tables) for m in source_metrics}
