@@ -430,6 +430,19 @@ def timed_run(world: World, spark: Any, mode: str) -> Timed:
     )
 
 
+def incremental_run(world: World, spark: Any, label: str, what: str) -> Timed:
+    """An incremental run of `world` for the new hour, printed under `label` (`what`: what
+    the run is with)."""
+    run = timed_run(world, spark, "incremental")
+    assert run.summary.mode == "incremental"
+    print(
+        f"{label}: incremental run{what} for one new hour ({run.summary.rows_in} events) "
+        f"{run.wall_s:.1f} s, phases {run.summary.timings}",
+        flush=True,
+    )
+    return run
+
+
 def job_spans(jobs: list[Job], since: float) -> str:
     """Each Spark job's span (seconds after `since`) and summed task time, for the log."""
     return ", ".join(
@@ -615,28 +628,19 @@ def main() -> None:
                         )
                         spark_done = time.monotonic()
                     settle.append(lookup_world.dbname)
-                if session_world is not None:
+                simple = (
+                    (session_world, "sessions", "with a session metric"),
+                    (horizon_world, "horizon", "with a de-dup horizon"),
+                )
+                for variant, prefix, what in simple:
+                    if variant is None:
+                        continue
                     for dbname in settle:
                         wait_for_autovacuum(base, dbname)
                     python_workers_ended(spark_done)
-                    extra.append(
-                        variant_run(
-                            spark, session_world, full, "sessions", "with a session metric"
-                        )[0]
-                    )
+                    extra.append(variant_run(spark, variant, full, prefix, what)[0])
                     spark_done = time.monotonic()
-                    settle.append(session_world.dbname)
-                if horizon_world is not None:
-                    for dbname in settle:
-                        wait_for_autovacuum(base, dbname)
-                    python_workers_ended(spark_done)
-                    extra.append(
-                        variant_run(spark, horizon_world, full, "horizon", "with a de-dup horizon")[
-                            0
-                        ]
-                    )
-                    spark_done = time.monotonic()
-                    settle.append(horizon_world.dbname)
+                    settle.append(variant.dbname)
             fill(world, now - HOUR, now, one_x // 24, 100 + factor, args.malformed)
             waited = sum(wait_for_autovacuum(base, db) for db in settle)
             python_workers_ended(spark_done)
@@ -645,26 +649,16 @@ def main() -> None:
                 f"{time.monotonic() - spark_done:.0f} s after the last Spark work",
                 flush=True,
             )
-            incr = timed_run(world, spark, "incremental")
+            incr = incremental_run(world, spark, f"{factor}x", "")
             spark_done = time.monotonic()
-            assert incr.summary.mode == "incremental"
-            print(
-                f"{factor}x: incremental run for one new hour ({incr.summary.rows_in} events) "
-                f"{incr.wall_s:.1f} s, phases {incr.summary.timings}",
-                flush=True,
-            )
             results[f"incr_{factor}x_s"] = incr.wall_s
             if factor == 10 and horizon_world is not None:
                 wait_for_autovacuum(base, horizon_world.dbname)
                 python_workers_ended(spark_done)
-                horizon_incr = timed_run(horizon_world, spark, "incremental")
-                spark_done = time.monotonic()
-                assert horizon_incr.summary.mode == "incremental"
-                print(
-                    f"10x: incremental run with a de-dup horizon {horizon_incr.wall_s:.1f} s, "
-                    f"phases {horizon_incr.summary.timings}",
-                    flush=True,
+                horizon_incr = incremental_run(
+                    horizon_world, spark, "10x", " with a de-dup horizon"
                 )
+                spark_done = time.monotonic()
                 extra.append(
                     f"horizon_incr_s={horizon_incr.wall_s:.2f} "
                     f"horizon_incr_ratio={horizon_incr.wall_s / incr.wall_s:.2f}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import pytest
 
 from batch_layer.publish import FullGeneration, Publication, _holds_other_sources
@@ -107,3 +108,59 @@ def test_a_failed_or_unpublished_full_generation_changes_nothing(
         assert conn.execute(
             "SELECT count(*) FROM pg_constraint WHERE conname = 'dedup_ids_pkey'"
         ).fetchone() == (1,)
+
+
+DAY = 86_400_000
+
+
+def _horizon_rows(*rows: tuple[str, int, str, int, int]) -> pa.Table:
+    """(source, partition, event_id, offset, time_ms) rows."""
+    names = ["source", "partition", "event_id", "offset", "time_ms"]
+    kinds = [pa.string(), pa.int32(), pa.string(), pa.int64(), pa.int64()]
+    return pa.table(
+        {
+            n: pa.array([r[i] for r in rows], k)
+            for i, (n, k) in enumerate(zip(names, kinds, strict=True))
+        }
+    )
+
+
+def _horizon_state(conn: psycopg.Connection[Any]) -> tuple[list[tuple[Any, ...]], list[str]]:
+    rows = conn.execute(
+        'SELECT source, partition, event_id, "offset", time_ms FROM horizon_ids ORDER BY 1, 2, 3'
+    ).fetchall()
+    tables = conn.execute(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+        "WHERE i.inhparent = 'horizon_ids'::regclass ORDER BY 1"
+    ).fetchall()
+    return rows, [t for (t,) in tables]
+
+
+def test_horizon_ids_are_replaced_per_source_and_days_past_every_horizon_dropped(
+    platform: Platform,
+) -> None:
+    """Ids of sources with a de-dup horizon (rule 4): a failed full generation leaves them and
+    their day tables as they were; a published one replaces its sources' ids and drops the
+    day tables no partition reaching them needs (day 0 at last: every partition reaching it
+    has passed its end by its horizon), keeping the other sources' ids."""
+    with connect(platform.settings.postgres.url) as conn:
+        with FullGeneration(conn, ["a", "b"]) as full:
+            full.add_horizon_ids(_horizon_rows(("a", 0, "x", 1, 5), ("b", 1, "y", 2, DAY + 5)))
+            full.publish([], PUBLICATION, {("a", 0): (DAY + 10, DAY), ("b", 1): (DAY + 10, DAY)})
+        before = _horizon_state(conn)
+        assert before == (
+            [("a", 0, "x", 1, 5), ("b", 1, "y", 2, DAY + 5)],
+            ["horizon_ids_d0", "horizon_ids_d1"],
+        )
+        with pytest.raises(RuntimeError, match="spark failed"), FullGeneration(conn, ["a"]) as full:
+            full.add_horizon_ids(_horizon_rows(("a", 0, "z", 9, 3 * DAY)))
+            raise RuntimeError("spark failed")
+        assert _horizon_state(conn) == before
+        with FullGeneration(conn, ["a"]) as full:
+            full.add_horizon_ids(_horizon_rows(("a", 0, "z", 9, 2 * DAY + 5)))
+            reach = {("a", 0): (2 * DAY + 10, 3_600_000), ("b", 1): (DAY + 10, 5)}
+            full.publish([], PUBLICATION, reach)
+        assert _horizon_state(conn) == (
+            [("a", 0, "z", 9, 2 * DAY + 5), ("b", 1, "y", 2, DAY + 5)],
+            ["horizon_ids_d1", "horizon_ids_d2"],
+        )

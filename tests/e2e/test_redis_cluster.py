@@ -18,12 +18,20 @@ from tests.redis_cluster import local_redis_cluster
 pytestmark = [pytest.mark.services, pytest.mark.timeout(900)]
 
 SUITES = [
-    "tests/speed",
+    "tests/speed/test_processor.py",
+    "tests/speed/test_late_and_duplicates.py",
+    "tests/speed/test_crash_recovery.py::test_kill_after_apply_before_commit_then_restart",
+    "tests/speed/test_crash_recovery.py::test_two_workers_one_killed_survivor_takes_over",
+    "tests/speed/test_rebuild.py",
+    "tests/speed/test_cleanup.py",
+    "tests/speed/test_sessions.py",
+    "tests/speed/test_speed_view_writer.py",
     "tests/serving/test_series.py",
     "tests/e2e/test_walking_skeleton.py",
 ]
-"""The exactness tests rerun on the cluster (tests of pure logic in them run again too, which
-costs little and keeps the list simple)."""
+"""The exactness tests rerun on the cluster: the speed layer's against Redis (not its pure
+logic, dead letters or rebalancing, which the cluster does not touch), the merged series and
+the walking skeleton."""
 
 
 def test_the_exactness_tests_pass_with_the_speed_view_on_a_redis_cluster(tmp_path: Path) -> None:
