@@ -25,7 +25,8 @@ from shared.metric_plan import MetricPlan, SketchInput
 
 MAX_TEXT_BYTES = 1024
 """The longest id or key dimension value, in UTF-8 bytes. Both are stored in PostgreSQL btree
-indexes (`dedup_ids`' and `batch_cells`' primary keys), whose entries are at most 2,704 bytes."""
+indexes (`dedup_ids`', `horizon_ids`' and `batch_cells`' primary keys), whose entries are at
+most 2,704 bytes."""
 MAX_KEY_BYTES = 2 * MAX_TEXT_BYTES
 """The longest key, all its dimension values together (same reason as `MAX_TEXT_BYTES`)."""
 VALUE_LIMIT = 2.0**63
