@@ -636,7 +636,8 @@ def aggregate_source(
             for i, m in enumerate(plans)
             if (total := sum(row[f"s{i}"] for row in summary))
         }
-        events = rows.where(is_valid & (is_fresh | _reread(read)))
+        aggregated = is_fresh | _reread(read)
+        events = rows.where(is_valid & aggregated)
         ids_table = _EMPTY_IDS.empty_table()
         horizon_ids = None
         stream_times = _after_read(read.stream_times, stream_times)
@@ -648,7 +649,7 @@ def aggregate_source(
                     "partition",
                     "offset",
                     "time_ms",
-                    (is_fresh | _reread(read)).alias("judged"),
+                    aggregated.alias("judged"),
                     is_fresh.alias("new"),
                 )
                 .toArrow(),

@@ -113,16 +113,20 @@ def _day_table(day_start_ms: int) -> str:
     return f"horizon_ids_d{day}" if day >= 0 else f"horizon_ids_dm{-day}"
 
 
+def _partitions_of(conn: psycopg.Connection[Any], parent: str) -> list[str]:
+    """The names of the tables attached to the partitioned table `parent`."""
+    rows = conn.execute(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+        "WHERE i.inhparent = %s::regclass",
+        [parent],
+    ).fetchall()
+    return [name for (name,) in rows]
+
+
 def _day_tables(conn: psycopg.Connection[Any]) -> list[tuple[str, int]]:
     """(name, first event time) of each day table of `horizon_ids`."""
-    rows = conn.execute(
-        """
-        SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-        WHERE i.inhparent = 'horizon_ids'::regclass
-        """
-    ).fetchall()
     found = []
-    for (name,) in rows:
+    for name in _partitions_of(conn, "horizon_ids"):
         digits = name.removeprefix("horizon_ids_d")
         day = -int(digits[1:]) if digits.startswith("m") else int(digits)
         found.append((name, day * HORIZON_IDS_PARTITION_MS))
@@ -682,13 +686,10 @@ def drop_old_generations(conn: psycopg.Connection[Any]) -> None:
     served = read_served(conn)
     if served is None:
         return
-    rows = conn.execute(
-        """
-        SELECT c.relname, substring(c.relname from 'batch_cells_g([0-9]+)')::bigint
-        FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-        WHERE i.inhparent = 'batch_cells'::regclass
-        """
-    ).fetchall()
+    rows = [
+        (name, int(name.removeprefix("batch_cells_g")))
+        for name in _partitions_of(conn, "batch_cells")
+    ]
     keep = sorted((g for _, g in rows if g <= served.generation), reverse=True)[:GENERATIONS_KEPT]
     for name, generation in rows:
         if generation not in keep:

@@ -177,9 +177,6 @@ class IncrementalRun(RunPlan):
             m.name: self.session_seeds[m.name] for m in metrics if m.name in self.session_seeds
         }
         stream_times = {int(p): t for p, t in served.stream_times.get(source.topic, {}).items()}
-        if source.dedup_horizon is not None and source.topic not in served.stream_times:
-            # the stream times a horizon is judged from are unknown: read from offset 0
-            return SourceRead({}, fresh_from, recompute_from=recompute_from, session_seeds=seeds)
         index = served.rebuild_index.get(source.topic)
         if index is None:  # published before the index existed: find the events after W again
             rebuild = {int(p): o for p, o in served.rebuild_from.get(source.topic, {}).items()}

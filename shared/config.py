@@ -105,8 +105,9 @@ class SourceConfig(_Strict):
     max_future: Duration = parse_duration("5m")
     dedup_horizon: Duration | None = None
     """How long an id is remembered, in stream time (rule 4 in docs/semantics.md, "The de-dup
-    horizon"): a copy whose partition's stream time has passed its event time by more than
-    this counts again, and de-duplication is per partition. Unset: every id forever."""
+    horizon"): per partition, until the stream time has passed the event time of the copy that
+    counted by more than this; a copy whose id is no longer remembered counts again. Unset:
+    every id forever, across partitions."""
 
     @field_validator("name", "topic")
     @classmethod
