@@ -24,6 +24,13 @@ from psycopg import sql
 
 from batch_layer.errors import PublicationConflict
 from shared.aggregations import SketchKind, merge_states
+from shared.db.cell_tables import (
+    add_time_ranges,
+    create_generation,
+    index_generation,
+    partitions_of,
+    time_ranges,
+)
 from shared.db.cells import CELL_COLUMNS, BatchCell
 from shared.db.served import read_served
 from shared.faults import fault_point
@@ -113,20 +120,10 @@ def _day_table(day_start_ms: int) -> str:
     return f"horizon_ids_d{day}" if day >= 0 else f"horizon_ids_dm{-day}"
 
 
-def _partitions_of(conn: psycopg.Connection[Any], parent: str) -> list[str]:
-    """The names of the tables attached to the partitioned table `parent`."""
-    rows = conn.execute(
-        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-        "WHERE i.inhparent = %s::regclass",
-        [parent],
-    ).fetchall()
-    return [name for (name,) in rows]
-
-
 def _day_tables(conn: psycopg.Connection[Any]) -> list[tuple[str, int]]:
     """(name, first event time) of each day table of `horizon_ids`."""
     found = []
-    for name in _partitions_of(conn, "horizon_ids"):
+    for name in partitions_of(conn, "horizon_ids"):
         digits = name.removeprefix("horizon_ids_d")
         day = -int(digits[1:]) if digits.startswith("m") else int(digits)
         found.append((name, day * HORIZON_IDS_PARTITION_MS))
@@ -205,11 +202,13 @@ class FullGeneration:
             step.result()
         conn = self.conn
         generation = conn.execute("SELECT nextval('batch_generation_seq')").fetchone()[0]  # type: ignore[index]
-        table = sql.Identifier(f"batch_cells_g{generation}")
-        conn.execute(sql.SQL("CREATE TABLE {} (LIKE batch_cells)").format(table))
+        if not isinstance(cells, pa.Table):
+            cells = list(cells)
+        table = create_generation(conn, generation)
+        add_time_ranges(conn, generation, _starts_by_window(cells))
         written = _load_cells(conn, table, generation, cells)
         fault_point("mid_load")
-        index_generation(conn, table)
+        index_generation(conn, generation)
         conn.execute(
             sql.SQL("ALTER TABLE batch_cells ATTACH PARTITION {} FOR VALUES IN ({})").format(
                 table, sql.Literal(generation)
@@ -304,21 +303,18 @@ def _ids_table(ids: pa.Table | Iterable[tuple[str, str, int, int]]) -> pa.Table:
     )
 
 
-def index_generation(conn: psycopg.Connection[Any], table: sql.Identifier) -> None:
-    """The one place a loaded generation's key and indexes are built (after the load, before
-    it is attached): its part of `batch_cells`' primary key, and an index of the cells of
-    window 0 by key — a session metric's sessions, one key's of which the API lists by time
-    (rule 13; empty without session metrics)."""
-    conn.execute(
-        sql.SQL(
-            "ALTER TABLE {} ADD PRIMARY KEY (generation, metric, version, window_ms, start_ms, key)"
-        ).format(table)
-    )
-    conn.execute(
-        sql.SQL("CREATE INDEX ON {} (metric, version, key, start_ms) WHERE window_ms = {}").format(
-            table, sql.Literal(SESSION_WINDOW_MS)
-        )
-    )
+def _starts_by_window(cells: pa.Table | Sequence[BatchCell]) -> dict[int, list[int]]:
+    """window -> the distinct starts of `cells` (what their tables' time ranges must hold)."""
+    if isinstance(cells, pa.Table):
+        pairs = cells.select(["window_ms", "start_ms"]).group_by(["window_ms", "start_ms"])
+        found = pairs.aggregate([]).to_pydict()
+        rows: Iterable[tuple[int, int]] = zip(found["window_ms"], found["start_ms"], strict=True)
+    else:
+        rows = ((cell.window_ms, cell.start_ms) for cell in cells)
+    starts: dict[int, set[int]] = {}
+    for window_ms, start_ms in rows:
+        starts.setdefault(window_ms, set()).add(start_ms)
+    return {window_ms: sorted(held) for window_ms, held in starts.items()}
 
 
 def _load_cells(
@@ -467,13 +463,6 @@ def _flip(conn: psycopg.Connection[Any], generation: int, publication: Publicati
     )
 
 
-_EXPIRE_SQL = """
-DELETE FROM batch_cells
-WHERE generation = %(generation)s AND metric = %(metric)s AND version = %(version)s
-  AND window_ms = ANY(%(windows)s) AND start_ms < %(kept_from)s
-"""
-
-
 class Expiry(NamedTuple):
     """What retention removes of one plan under a W: its cells of `windows` (a retained window,
     with window 0 when it is a session plan's base window) starting before `kept_from`."""
@@ -516,6 +505,11 @@ def retained_cells(
     return cells if expired is None else cells.filter(pc.invert(expired))
 
 
+DROP_LOCK_TIMEOUT = "500ms"
+"""How long dropping a range past retention may wait for the readers of its generation (and
+hold back the readers behind it) before its cells are deleted instead."""
+
+
 def expire_cells(
     conn: psycopg.Connection[Any],
     generation: int,
@@ -523,22 +517,78 @@ def expire_cells(
     watermarks: Mapping[str, int | None],
 ) -> int:
     """Remove from `generation` the cells retention no longer keeps after a publication
-    (`watermarks`: each plan's new W), in its transaction (`expiries`). Returns how many
-    cells were removed."""
-    removed = 0
-    for expiry in expiries(plans, watermarks):
-        cursor = conn.execute(
-            _EXPIRE_SQL,
-            {
-                "generation": generation,
-                "metric": expiry.plan.name,
-                "version": expiry.plan.version,
-                "windows": list(expiry.windows),
-                "kept_from": expiry.kept_from,
-            },
+    (`watermarks`: each plan's new W; `expiries`), in the caller's transaction, which should
+    commit right after. A time range whose every cell is past retention is dropped whole
+    (`_drop_range`); the others lose their expired rows. Returns how many cells were removed."""
+    found = expiries(plans, watermarks)
+    kept_from: dict[int, dict[tuple[str, str], int]] = {}
+    for expiry in found:
+        for window_ms in expiry.windows:
+            kept_from.setdefault(window_ms, {})[expiry.plan.name, expiry.plan.version] = (
+                expiry.kept_from
+            )
+    ranges = [r for r in time_ranges(conn, generation) if r.window_ms in kept_from]
+    droppable = [
+        r
+        for r in ranges
+        if r.hi is not None
+        and all(
+            held in kept_from[r.window_ms] and r.hi <= kept_from[r.window_ms][held]
+            for held in _metrics_in(conn, r.table(generation))
         )
-        removed += cursor.rowcount
+    ]
+    removed = 0
+    for expiry in found:
+        for r in ranges:
+            if r in droppable or r.window_ms not in expiry.windows:
+                continue
+            if r.lo is not None and r.lo >= expiry.kept_from:
+                continue
+            removed += conn.execute(
+                sql.SQL(
+                    "DELETE FROM {} WHERE metric = %s AND version = %s AND window_ms = %s "
+                    "AND start_ms < %s"
+                ).format(sql.Identifier(r.table(generation))),
+                [expiry.plan.name, expiry.plan.version, r.window_ms, expiry.kept_from],
+            ).rowcount
+    for r in droppable:
+        removed += _drop_range(conn, r.table(generation))
     return removed
+
+
+def _metrics_in(conn: psycopg.Connection[Any], table: str) -> list[tuple[str, str]]:
+    """The (metric, version)s with cells in a range's table, by a loose scan of its key (one
+    descent per pair, not a scan of the table)."""
+    held: list[tuple[str, str]] = []
+    while True:
+        after = held[-1] if held else ("", "")
+        row = conn.execute(
+            sql.SQL(
+                "SELECT metric, version FROM {} WHERE (metric, version) > (%s, %s) "
+                "ORDER BY metric, version LIMIT 1"
+            ).format(sql.Identifier(table)),
+            list(after),
+        ).fetchone()
+        if row is None:
+            return held
+        held.append((row[0], row[1]))
+
+
+def _drop_range(conn: psycopg.Connection[Any], table: str) -> int:
+    """Drop a range's table whose cells are all past retention; returns its cells. Dropping
+    a partition locks its generation's table against readers until the commit, so it waits
+    for them at most `DROP_LOCK_TIMEOUT`; past that its cells are deleted instead."""
+    name = sql.Identifier(table)
+    cells: int = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(name)).fetchone()[0]  # type: ignore[index]
+    try:
+        with conn.transaction():
+            timeout = sql.Literal(DROP_LOCK_TIMEOUT)
+            conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(timeout))
+            conn.execute(sql.SQL("DROP TABLE {}").format(name))
+            conn.execute("SET LOCAL lock_timeout = DEFAULT")
+    except psycopg.errors.LockNotAvailable:
+        conn.execute(sql.SQL("DELETE FROM {}").format(name))
+    return cells
 
 
 def _lock_served(
@@ -645,6 +695,7 @@ def publish_incremental(
             merged.append(cell if old is None else merge_cell(old, cell, kinds[cell.metric]))
         conn.execute("TRUNCATE staged_cells")
         written = _stage_cells_again(conn, merged)
+        add_time_ranges(conn, generation, _starts_by_window(merged))
         _upsert_staged(conn, generation)
         fault_point("mid_load")
         copy_ids(conn, ids)
@@ -673,7 +724,9 @@ def publish_range(
                 "AND window_ms = %s AND start_ms >= %s AND start_ms < %s",
                 [generation, metric, version, window_ms, lo, hi],
             )
+        cells = list(cells)
         written = _stage_cells(conn, cells)
+        add_time_ranges(conn, generation, _starts_by_window(cells))
         _upsert_staged(conn, generation)
         fault_point("mid_load")
         fault_point("before_generation_flip")
@@ -688,7 +741,7 @@ def drop_old_generations(conn: psycopg.Connection[Any]) -> None:
         return
     rows = [
         (name, int(name.removeprefix("batch_cells_g")))
-        for name in _partitions_of(conn, "batch_cells")
+        for name in partitions_of(conn, "batch_cells")
     ]
     keep = sorted((g for _, g in rows if g <= served.generation), reverse=True)[:GENERATIONS_KEPT]
     for name, generation in rows:

@@ -10,7 +10,8 @@ the same rows either way) for one plain metric (`views`: key [page], count/sum/m
 1m/1h/1d) over `DAYS` days, as many keys as the size needs, in time order (each minute's
 cells of every key in turn): a key's cells as scattered over the pages as an hourly
 incremental run leaves them (its hour of cells comes in no key order). The generation is then
-keyed and indexed (`index_generation`), attached and published as a full run does (`_flip`).
+laid out in time ranges, keyed and indexed (`index_generation`), attached and published as a
+full run does (`_flip`).
 
 Figures per view:
 
@@ -26,8 +27,10 @@ Figures per view:
 - `incr_publish_ms`: an incremental run's publication (`publish_incremental`: stage, read the
   stored cells, merge, upsert, flip) of one new hour of every key's cells (a fixed 600 keys
   x (60 + 1 + 1) cells whatever the view's size), median of 5 consecutive hours;
-- `expire_day_s`: retention removing the oldest day of 1m cells (`expire_cells`: a DELETE,
-  the batch view not being time-partitioned yet) and `vacuum_s`: the VACUUM after it;
+- `drop_week_s`: retention removing the view's first week of 1m cells (`expire_cells`: one
+  time range dropped whole), `delete_day_s`: its eighth day a day later (rows deleted from
+  the next range; `_cells` beside: how many each removed), and `vacuum_s`: the VACUUM after
+  that DELETE; `ranges`: the generation's time ranges;
   `vacuum_after_load_s`: the VACUUM (ANALYZE) autovacuum would run after the load (run by the
   bench before its reads, so that they do not meet it).
 
@@ -50,17 +53,17 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from batch_layer.publish import (
-    Publication,
-    _flip,
-    expire_cells,
-    index_generation,
-    publish_incremental,
-)
+from batch_layer.publish import Publication, _flip, expire_cells, publish_incremental
 from bench.common import log, pct, with_db
 from lambdactl.stack import stack_up
 from serving_layer.batch_view import SERIES_SQL
 from shared.config import Settings
+from shared.db.cell_tables import (
+    add_time_ranges,
+    create_generation,
+    index_generation,
+    time_ranges,
+)
 from shared.db.cells import BatchCell
 from shared.db.migrate import upgrade
 from shared.metric_plan import MetricPlan
@@ -99,7 +102,7 @@ def view_plan() -> MetricPlan:
                 "value": "latency_ms",
                 "aggregations": ["count", "sum", "min", "max"],
                 "windows": ["1m", "1h", "1d"],
-                "retention": {"1m": f"{DAYS - 1}d"},
+                "retention": {"1m": f"{DAYS - 7}d"},
                 "grace": "2m",
             }
         ],
@@ -108,11 +111,16 @@ def view_plan() -> MetricPlan:
 
 
 def load(conn: psycopg.Connection[Any], plan: MetricPlan, keys: int) -> dict[str, float]:
-    """Generate, key, attach and publish the view's one generation; its load figures."""
+    """Generate, key, attach and publish the view's one generation, in its time ranges as a
+    full run lays them out (`add_time_ranges`); its load figures."""
     generation = conn.execute("SELECT nextval('batch_generation_seq')").fetchone()[0]  # type: ignore[index]
-    table = sql.Identifier(f"batch_cells_g{generation}")
     with conn.transaction():
-        conn.execute(sql.SQL("CREATE TABLE {} (LIKE batch_cells)").format(table))
+        table = create_generation(conn, generation)
+        add_time_ranges(
+            conn,
+            generation,
+            {size: range(T0, T0 + DAYS * DAY, size) for size in (MINUTE, HOUR, DAY)},
+        )
         started = time.monotonic()
         conn.execute(
             sql.SQL(_GENERATE).format(table=table),
@@ -132,7 +140,7 @@ def load(conn: psycopg.Connection[Any], plan: MetricPlan, keys: int) -> dict[str
         )
         load_s = time.monotonic() - started
         started = time.monotonic()
-        index_generation(conn, table)
+        index_generation(conn, generation)
         index_s = time.monotonic() - started
         conn.execute(
             sql.SQL("ALTER TABLE batch_cells ATTACH PARTITION {} FOR VALUES IN ({})").format(
@@ -144,13 +152,15 @@ def load(conn: psycopg.Connection[Any], plan: MetricPlan, keys: int) -> dict[str
     conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(table))  # what autovacuum does next
     settle_s = time.monotonic() - started
     heap, total = conn.execute(
-        "SELECT pg_table_size(%s::regclass), pg_total_relation_size(%s::regclass)",
-        [f"batch_cells_g{generation}"] * 2,
+        "SELECT sum(pg_table_size(relid))::bigint, sum(pg_total_relation_size(relid))::bigint "
+        "FROM pg_partition_tree(%s) WHERE isleaf",
+        [f"batch_cells_g{generation}"],
     ).fetchone()  # type: ignore[misc]
     cells = keys * CELLS_PER_KEY
     return {
         "generation": generation,
         "cells": cells,
+        "ranges": len(time_ranges(conn, generation)),
         "load_s": load_s,
         "index_s": index_s,
         "vacuum_after_load_s": settle_s,
@@ -254,17 +264,23 @@ def incremental_publications(conn: psycopg.Connection[Any], plan: MetricPlan) ->
     return statistics.median(times)
 
 
-def expire_a_day(conn: psycopg.Connection[Any], plan: MetricPlan) -> tuple[float, float]:
+def expire(conn: psycopg.Connection[Any], plan: MetricPlan) -> dict[str, float]:
+    """Retention (`expire_cells`) at the view's end and a day later: first the 1m cells of
+    the view's first week go, a whole time range dropped; then those of its eighth day, rows
+    deleted from the next range (and the VACUUM after that DELETE)."""
     generation = conn.execute("SELECT generation FROM served_view WHERE id = 1").fetchone()[0]  # type: ignore[index]
-    started = time.monotonic()
-    with conn.transaction():
-        # W at the view's end: the 1m retention keeps all but the first day
-        expire_cells(conn, generation, [plan], {plan.name: T0 + DAYS * DAY})
-    expire_s = time.monotonic() - started
+    figures = {}
+    for name, watermark in (("drop_week", T0 + DAYS * DAY), ("delete_day", T0 + (DAYS + 1) * DAY)):
+        started = time.monotonic()
+        with conn.transaction():
+            figures[f"{name}_cells"] = expire_cells(
+                conn, generation, [plan], {plan.name: watermark}
+            )
+        figures[f"{name}_s"] = time.monotonic() - started
     started = time.monotonic()
     conn.execute(sql.SQL("VACUUM {}").format(sql.Identifier(f"batch_cells_g{generation}")))
-    vacuum_s = time.monotonic() - started
-    return expire_s, vacuum_s
+    figures["vacuum_s"] = time.monotonic() - started
+    return figures
 
 
 def measure(base: Settings, name: str, cells: int, n: int) -> dict[str, float]:
@@ -286,7 +302,7 @@ def measure(base: Settings, name: str, cells: int, n: int) -> dict[str, float]:
                     for figure, value in read.items():
                         figures[f"s{cells_read}_{pattern}_{figure}"] = value
             figures["incr_publish_ms"] = incremental_publications(conn, plan)
-            figures["expire_day_s"], figures["vacuum_s"] = expire_a_day(conn, plan)
+            figures.update(expire(conn, plan))
         shown = " ".join(
             f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items()
         )

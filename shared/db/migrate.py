@@ -8,8 +8,13 @@ from alembic.config import Config
 from shared.db.connect import sqlalchemy_url
 
 
-def upgrade(postgres_url: str) -> None:
+def alembic_config(postgres_url: str) -> Config:
+    """Alembic's configuration for the migrations shipped here, against `postgres_url`."""
     config = Config()
     config.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
     config.set_main_option("sqlalchemy.url", sqlalchemy_url(postgres_url))
-    command.upgrade(config, "head")
+    return config
+
+
+def upgrade(postgres_url: str) -> None:
+    command.upgrade(alembic_config(postgres_url), "head")

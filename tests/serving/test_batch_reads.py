@@ -3,7 +3,8 @@ for is found by its primary key, whatever the planner estimates for the key. A r
 key (`{}`, the total) is rare among the metric's cells, so the planner estimated it at one
 row and scanned all of the rollup's cells once per cell asked for: a day's total took 11 ms
 of PostgreSQL instead of 0.1 ms, and a burst of such requests queued up (bench/serve.py's
-`total_rollup`)."""
+`total_rollup`). Each lookup goes to the one time range holding its cell (the generation's
+other ranges are pruned at run time: "Time partitions" in docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -73,7 +74,9 @@ def test_a_rollup_total_reads_each_cell_by_its_primary_key(platform: Platform) -
         for n in _scans(explained[0]["Plan"])
         if n.get("Relation Name", "").startswith("batch_cells")
     ]
-    assert scans, explained
-    for scan in scans:
+    ran = [scan for scan in scans if scan["Actual Loops"] > 0]
+    assert ran, explained
+    assert sum(scan["Actual Loops"] for scan in ran) == len(asked), ran  # the others pruned
+    for scan in ran:
         assert "Index Cond" in scan and "p.start_ms" in scan["Index Cond"], scan
-        assert scan["Actual Rows"] <= 1 and scan["Actual Loops"] == len(asked), scan
+        assert scan["Actual Rows"] <= 1, scan

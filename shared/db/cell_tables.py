@@ -1,0 +1,202 @@
+"""The batch view's tables. `batch_cells` is partitioned by generation (rule 6 in
+docs/semantics.md); each generation's table is partitioned by time: by (window_ms, start_ms)
+into ranges of cell starts, one window size per range ("Time partitions" in
+docs/architecture.md). Retention then drops whole tables, and a read's lookup descends the
+small index of the one range it needs. Which ranges a set of cells needs is a pure function
+(`ranges_to_add`); the DDL sits at the edge."""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from shared.metric_plan import SESSION_WINDOW_MS
+
+DAY_MS = 86_400_000
+STARTS_PER_RANGE = 10_080
+"""How many window starts a range spans (a week of 1-minute cells), rounded up to whole UTC
+days and capped at `MAX_RANGE_DAYS`: a 1m window's ranges span 7 days, 5m 35 days, 15m 105
+days, 1h and longer 364 days."""
+MAX_RANGE_DAYS = 364
+SESSION_RANGE_MS = 7 * DAY_MS
+"""The span of the ranges of window 0 (a session metric's sessions, by first event time)."""
+NEW_RANGES_PER_WINDOW = 8
+"""At most this many ranges of their own span are added per window and publication, for the
+newest cells; older cells without a range get one range filling the gap they lie in. However
+spread a run's event times (year 1 to 9999), it adds a bounded number of tables."""
+
+
+def range_span_ms(window_ms: int) -> int:
+    """The span of the ranges of cells of `window_ms` (`STARTS_PER_RANGE`)."""
+    if window_ms == SESSION_WINDOW_MS:
+        return SESSION_RANGE_MS
+    days = -(-window_ms * STARTS_PER_RANGE // DAY_MS)
+    return min(max(days, 1), MAX_RANGE_DAYS) * DAY_MS
+
+
+@dataclass(frozen=True, order=True)
+class TimeRange:
+    """The cells of one window size whose start is in `[lo, hi)`; None is unbounded (the
+    table's MINVALUE / MAXVALUE)."""
+
+    window_ms: int
+    lo: int | None
+    hi: int | None
+
+    def holds(self, start_ms: int) -> bool:
+        return (self.lo is None or self.lo <= start_ms) and (self.hi is None or start_ms < self.hi)
+
+    def table(self, generation: int) -> str:
+        """Its table's name: the generation's, the window and the first start it holds."""
+        return f"{generation_table(generation)}_w{self.window_ms}_{_label(self.lo)}"
+
+    def bounds(self) -> sql.Composed:
+        def value(bound: int | None, unbounded: str) -> sql.Composable:
+            return sql.SQL(unbounded) if bound is None else sql.Literal(bound)
+
+        return sql.SQL("FOR VALUES FROM ({w}, {lo}) TO ({w}, {hi})").format(
+            w=sql.Literal(self.window_ms),
+            lo=value(self.lo, "MINVALUE"),
+            hi=value(self.hi, "MAXVALUE"),
+        )
+
+
+def _label(bound: int | None) -> str:
+    if bound is None:
+        return "min"
+    return str(bound) if bound >= 0 else f"m{-bound}"
+
+
+def ranges_to_add(
+    window_ms: int, existing: Sequence[TimeRange], starts: Iterable[int]
+) -> list[TimeRange]:
+    """The ranges to add so that every start of `starts` (cells of `window_ms`) has one,
+    given the window's `existing` ranges. Starts after every existing range get ranges of
+    the window's span (`range_span_ms`), at most `NEW_RANGES_PER_WINDOW` of them, the newest;
+    any other start without a range gets one range filling the whole gap it lies in, up to
+    its neighbours (or unbounded). The ranges returned overlap neither each other nor
+    `existing`."""
+    span = range_span_ms(window_ms)
+    uncovered = sorted({s for s in starts if not any(r.holds(s) for r in existing)})
+    if any(r.hi is None for r in existing):
+        top: int | None = None
+        fresh: list[int] = []
+    else:
+        top = max((r.hi for r in existing if r.hi is not None), default=None)
+        fresh = uncovered if top is None else uncovered[bisect.bisect_left(uncovered, top) :]
+    los = sorted({s - s % span for s in fresh})[-NEW_RANGES_PER_WINDOW:]
+    added = [TimeRange(window_ms, lo if top is None else max(lo, top), lo + span) for lo in los]
+    ranges = sorted([*existing, *added], key=_lower)
+    lowers = [_lower(r) for r in ranges]
+    for start in uncovered:
+        i = bisect.bisect_right(lowers, start) - 1
+        if i >= 0 and ranges[i].holds(start):
+            continue
+        # ranges[i] (if any) ends at or before the start, ranges[i + 1] begins after it
+        gap = TimeRange(
+            window_ms,
+            ranges[i].hi if i >= 0 else None,
+            ranges[i + 1].lo if i + 1 < len(ranges) else None,
+        )
+        ranges.insert(i + 1, gap)
+        lowers.insert(i + 1, _lower(gap))
+        added.append(gap)
+    return sorted(added, key=_lower)
+
+
+def _lower(r: TimeRange) -> float:
+    return -float("inf") if r.lo is None else r.lo
+
+
+def generation_table(generation: int) -> str:
+    return f"batch_cells_g{generation}"
+
+
+def create_generation(conn: psycopg.Connection[Any], generation: int) -> sql.Identifier:
+    """A generation's (empty, unattached) table, partitioned by time; returns its name."""
+    table = sql.Identifier(generation_table(generation))
+    conn.execute(
+        sql.SQL(
+            "CREATE TABLE {} (LIKE batch_cells) PARTITION BY RANGE (window_ms, start_ms)"
+        ).format(table)
+    )
+    return table
+
+
+def add_time_ranges(
+    conn: psycopg.Connection[Any], generation: int, starts: Mapping[int, Iterable[int]]
+) -> list[TimeRange]:
+    """Give every (window, start) of `starts` (window -> starts) a range in the generation's
+    table (`ranges_to_add`); returns the ranges added. Each new range is created apart and
+    then attached, which locks the generation's table only against other DDL (SHARE UPDATE
+    EXCLUSIVE), never against readers, so a served generation grows while it is read; the
+    attach builds the new (empty) table's indexes."""
+    held = time_ranges(conn, generation)
+    parent = sql.Identifier(generation_table(generation))
+    added = []
+    for window_ms, window_starts in starts.items():
+        existing = [r for r in held if r.window_ms == window_ms]
+        for new in ranges_to_add(window_ms, existing, window_starts):
+            table = sql.Identifier(new.table(generation))
+            conn.execute(sql.SQL("CREATE TABLE {} (LIKE {})").format(table, parent))
+            conn.execute(
+                sql.SQL("ALTER TABLE {} ATTACH PARTITION {} {}").format(parent, table, new.bounds())
+            )
+            added.append(new)
+    return added
+
+
+_BOUND = re.compile(
+    r"FROM \('(-?\d+)', (MINVALUE|'(-?\d+)')\) TO \('(-?\d+)', (MAXVALUE|'(-?\d+)')\)"
+)
+
+
+def time_ranges(conn: psycopg.Connection[Any], generation: int) -> list[TimeRange]:
+    """The ranges of a generation's table, as its partition bounds say."""
+    rows = conn.execute(
+        "SELECT pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i "
+        "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = %s::regclass",
+        [generation_table(generation)],
+    ).fetchall()
+    ranges = []
+    for (bound,) in rows:
+        found = _BOUND.search(bound)
+        if found is None:
+            raise ValueError(f"{generation_table(generation)} has a partition bound {bound!r}")
+        lo, hi = (None if bound is None else int(bound) for bound in found.group(3, 6))
+        ranges.append(TimeRange(int(found.group(1)), lo, hi))
+    return sorted(ranges, key=lambda r: (r.window_ms, _lower(r)))
+
+
+def index_generation(conn: psycopg.Connection[Any], generation: int) -> None:
+    """The one place a loaded generation's key and indexes are built (after the load, before
+    it is attached; each range builds its own): its part of `batch_cells`' primary key, and
+    an index of the cells of window 0 by key — a session metric's sessions, one key's of
+    which the API lists by time (rule 13; empty without session metrics)."""
+    table = sql.Identifier(generation_table(generation))
+    conn.execute(
+        sql.SQL(
+            "ALTER TABLE {} ADD PRIMARY KEY (generation, metric, version, window_ms, start_ms, key)"
+        ).format(table)
+    )
+    conn.execute(
+        sql.SQL("CREATE INDEX ON {} (metric, version, key, start_ms) WHERE window_ms = {}").format(
+            table, sql.Literal(SESSION_WINDOW_MS)
+        )
+    )
+
+
+def partitions_of(conn: psycopg.Connection[Any], parent: str) -> list[str]:
+    """The names of the tables attached to the partitioned table `parent`."""
+    rows = conn.execute(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+        "WHERE i.inhparent = %s::regclass",
+        [parent],
+    ).fetchall()
+    return [name for (name,) in rows]

@@ -1,0 +1,157 @@
+"""Migrating a populated batch view to time partitions (`0007_time_partitions`): a database
+at the revision before, serving a generation of half a million cells in one table, upgrades
+while a reader keeps reading the served view; the reader is never held up, every cell is
+kept, the served generation is then time-partitioned and an incremental publication goes on
+into it; downgrading copies it back into one table, again without losing a cell."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+from alembic import command
+
+from batch_layer.publish import Publication, _flip, publish_incremental
+from shared.db.cell_tables import DAY_MS, time_ranges
+from shared.db.cells import BatchCell
+from shared.db.connect import connect
+from shared.db.migrate import alembic_config
+from tests.conftest import Platform
+
+pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
+
+T0 = 56 * 364 * DAY_MS
+MINUTES, KEYS = 14_400, 35  # ten days of 1m cells of 35 keys: 504,000 cells
+SNAPSHOT = {"t": {"0": 5}}
+
+_POPULATE = """
+INSERT INTO {table} (generation, metric, version, window_ms, start_ms, key, count, sum, min,
+                     max, sketches, sketch_summaries)
+SELECT %(generation)s, 'views', 'v1', 60000, %(t0)s + m * 60000, ARRAY['/p' || k],
+       1 + (m + k) %% 7, (m * k) %% 1000, NULL, NULL, '{{}}', '{{}}'
+FROM generate_series(0, %(minutes)s - 1) m, generate_series(1, %(keys)s) k
+"""
+
+_CHECKSUM = """
+SELECT count(*), sum(c.count), md5(string_agg(c.start_ms || c.key[1] || c.sum, ','
+                                              ORDER BY c.start_ms, c.key))
+FROM batch_cells c JOIN served_view s ON c.generation = s.generation
+"""
+
+
+def _populate_one_table(conn: psycopg.Connection[Any]) -> None:
+    """The batch view as revision 0006 left it: the served generation in one table."""
+    generation = conn.execute("SELECT nextval('batch_generation_seq')").fetchone()[0]  # type: ignore[index]
+    table = psycopg.sql.Identifier(f"batch_cells_g{generation}")
+    conn.execute(psycopg.sql.SQL("CREATE TABLE {} (LIKE batch_cells)").format(table))
+    conn.execute(
+        psycopg.sql.SQL(_POPULATE).format(table=table),
+        {"generation": generation, "t0": T0, "minutes": MINUTES, "keys": KEYS},
+    )
+    conn.execute(
+        psycopg.sql.SQL(
+            "ALTER TABLE {} ADD PRIMARY KEY (generation, metric, version, window_ms, start_ms, key)"
+        ).format(table)
+    )
+    conn.execute(
+        psycopg.sql.SQL("ALTER TABLE batch_cells ATTACH PARTITION {} FOR VALUES IN ({})").format(
+            table, psycopg.sql.Literal(generation)
+        )
+    )
+    _flip(
+        conn,
+        generation,
+        Publication(SNAPSHOT, {"views": T0 + MINUTES * 60_000}, SNAPSHOT, {"views": "v1"}),
+    )
+    conn.commit()
+
+
+class SlowestRead:
+    """Reads one key's hour of the served view over and over, keeping the slowest read."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.slowest_s = 0.0
+        self.reads = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        with connect(self.url, autocommit=True) as conn:
+            while not self.stop.is_set():
+                began = time.monotonic()
+                conn.execute(
+                    "SELECT sum(c.count) FROM batch_cells c JOIN served_view s "
+                    "ON c.generation = s.generation WHERE c.metric = 'views' "
+                    "AND c.window_ms = 60000 AND c.key = ARRAY['/p7'] "
+                    "AND c.start_ms >= %s AND c.start_ms < %s",
+                    [T0 + 5 * DAY_MS, T0 + 5 * DAY_MS + 3_600_000],
+                ).fetchone()
+                self.slowest_s = max(self.slowest_s, time.monotonic() - began)
+                self.reads += 1
+                time.sleep(0.01)
+
+
+def _relkind(conn: psycopg.Connection[Any]) -> str:
+    row = conn.execute(
+        "SELECT c.relkind FROM served_view s JOIN pg_class c "
+        "ON c.relname = 'batch_cells_g' || s.generation"
+    ).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def test_a_populated_batch_view_migrates_without_holding_readers_up(platform: Platform) -> None:
+    url = platform.settings.postgres.url
+    config = alembic_config(url)
+    command.downgrade(config, "0006")
+    with connect(url) as conn:
+        _populate_one_table(conn)
+        before = conn.execute(_CHECKSUM).fetchone()
+    assert before is not None and before[0] == MINUTES * KEYS
+
+    reader = SlowestRead(url)
+    reader.thread.start()
+    began = time.monotonic()
+    try:
+        command.upgrade(config, "0007")
+        upgrade_s = time.monotonic() - began
+    finally:
+        reader.stop.set()
+        reader.thread.join()
+    assert reader.reads > 10
+    assert upgrade_s > 2 * reader.slowest_s and reader.slowest_s < 1.0, (
+        upgrade_s,
+        reader.slowest_s,
+    )
+
+    with connect(url) as conn:
+        assert conn.execute(_CHECKSUM).fetchone() == before
+        assert _relkind(conn) == "p"
+        served = conn.execute("SELECT generation FROM served_view").fetchone()[0]  # type: ignore[index]
+        assert [(r.lo, r.hi) for r in time_ranges(conn, served)] == [
+            (T0, T0 + 7 * DAY_MS),
+            (T0 + 7 * DAY_MS, T0 + 14 * DAY_MS),
+        ]
+        later = T0 + 20 * DAY_MS
+        publish_incremental(
+            conn,
+            served,
+            SNAPSHOT,
+            [BatchCell("views", "v1", 60_000, later, ["/p1"], 3, 3.0, None, None, [], [])],
+            [],
+            Publication({"t": {"0": 6}}, {"views": later + 60_000}, SNAPSHOT, {"views": "v1"}),
+            {"views": ()},
+        )
+        conn.commit()
+        before = conn.execute(_CHECKSUM).fetchone()
+        assert before is not None and before[0] == MINUTES * KEYS + 1
+
+    command.downgrade(config, "0006")
+    with connect(url) as conn:
+        assert conn.execute(_CHECKSUM).fetchone() == before
+        assert _relkind(conn) == "r"
+    command.upgrade(config, "head")

@@ -1,0 +1,185 @@
+"""The batch view's time partitions against the real PostgreSQL ("Time partitions" in
+docs/architecture.md): a full generation is loaded into time ranges of its windows, an
+incremental or range publication adds the ranges its cells need to the served generation,
+retention drops a range whose cells are all past it and deletes within the others, and a drop
+that would wait on a reader deletes instead; every kept cell stays as it was."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from batch_layer.publish import (
+    Publication,
+    expire_cells,
+    publish_full_generation,
+    publish_incremental,
+    publish_range,
+)
+from shared.db.cell_tables import DAY_MS, TimeRange, time_ranges
+from shared.db.cells import BatchCell
+from shared.db.connect import connect
+from shared.metric_plan import MetricPlan
+from tests.conftest import Platform, reconfigured
+
+pytestmark = pytest.mark.services
+
+MINUTE, HOUR = 60_000, 3_600_000
+T0 = 56 * 364 * DAY_MS  # a boundary of the 1m ranges (7 days) and of the 1h ones (364)
+METRIC = {
+    "name": "views",
+    "source": "pageviews",
+    "key": ["page"],
+    "value": "latency_ms",
+    "aggregations": ["count", "sum"],
+    "windows": ["1m", "1h"],
+    "retention": {"1m": "7d"},
+    "grace": "2m",
+}
+
+
+def _plan(platform: Platform) -> MetricPlan:
+    return reconfigured(platform, metrics=[METRIC]).settings.plans["views"]
+
+
+def _cell(plan: MetricPlan, size: int, start: int, page: str = "/a", count: int = 1) -> BatchCell:
+    return BatchCell(
+        plan.name, plan.version, size, start, [page], count, float(count), None, None, [], []
+    )
+
+
+def _publication(plan: MetricPlan, watermark: int, offset: int) -> Publication:
+    return Publication(
+        snapshot={plan.source.topic: {"0": offset}},
+        watermarks={plan.name: watermark},
+        rebuild_from={plan.source.topic: {"0": offset}},
+        versions={plan.name: plan.version},
+    )
+
+
+def _stored(conn: psycopg.Connection[Any]) -> set[tuple[int, int, int]]:
+    return set(
+        conn.execute(
+            "SELECT c.window_ms, c.start_ms, c.count FROM batch_cells c "
+            "JOIN served_view s ON c.generation = s.generation"
+        ).fetchall()
+    )
+
+
+def _three_weeks(plan: MetricPlan) -> list[BatchCell]:
+    """A 1m cell every 6 hours and a 1h cell every day, over 21 days from T0."""
+    minutes = [_cell(plan, MINUTE, T0 + i * 6 * HOUR) for i in range(84)]
+    hours = [_cell(plan, HOUR, T0 + d * DAY_MS) for d in range(21)]
+    return minutes + hours
+
+
+def test_a_generation_is_loaded_into_ranges_and_publications_add_what_they_need(
+    platform: Platform,
+) -> None:
+    plan = _plan(platform)
+    with connect(platform.settings.postgres.url) as conn:
+        generation, _ = publish_full_generation(
+            conn, _three_weeks(plan), [], [], _publication(plan, T0 + 21 * DAY_MS, 1)
+        )
+        assert time_ranges(conn, generation) == [
+            TimeRange(MINUTE, T0, T0 + 7 * DAY_MS),
+            TimeRange(MINUTE, T0 + 7 * DAY_MS, T0 + 14 * DAY_MS),
+            TimeRange(MINUTE, T0 + 14 * DAY_MS, T0 + 21 * DAY_MS),
+            TimeRange(HOUR, T0, T0 + 364 * DAY_MS),
+        ]
+        conn.commit()
+        before = _stored(conn)
+        later = [_cell(plan, MINUTE, T0 + 22 * DAY_MS), _cell(plan, MINUTE, T0 + 21 * DAY_MS, "/b")]
+        publish_incremental(
+            conn,
+            generation,
+            {plan.source.topic: {"0": 1}},
+            later,
+            [],
+            _publication(plan, T0 + 23 * DAY_MS, 2),
+            {plan.name: plan.kinds},
+        )
+        conn.commit()
+        publish_range(
+            conn, generation, {plan.source.topic: {"0": 2}}, [], [_cell(plan, MINUTE, T0 - HOUR)]
+        )
+        conn.commit()
+        assert time_ranges(conn, generation)[0] == TimeRange(MINUTE, None, T0)
+        assert TimeRange(MINUTE, T0 + 21 * DAY_MS, T0 + 28 * DAY_MS) in time_ranges(
+            conn, generation
+        )
+        new = {(MINUTE, T0 + 22 * DAY_MS, 1), (MINUTE, T0 + 21 * DAY_MS, 1), (MINUTE, T0 - HOUR, 1)}
+        assert _stored(conn) == before | new
+
+
+def _expire(platform: Platform, plan: MetricPlan, watermark: int) -> tuple[int, int]:
+    """Publish three weeks, expire under `watermark`; (generation, cells removed)."""
+    with connect(platform.settings.postgres.url) as conn:
+        generation, _ = publish_full_generation(
+            conn, _three_weeks(plan), [], [], _publication(plan, T0 + 21 * DAY_MS, 1)
+        )
+    with connect(platform.settings.postgres.url) as conn:
+        removed = expire_cells(conn, generation, [plan], {plan.name: watermark})
+        conn.commit()
+    return generation, removed
+
+
+def _kept(plan: MetricPlan, watermark: int) -> set[tuple[int, int, int]]:
+    kept_from = plan.windows.kept_from(MINUTE, watermark)
+    assert kept_from is not None
+    return {
+        (c.window_ms, c.start_ms, c.count)
+        for c in _three_weeks(plan)
+        if c.window_ms == HOUR or c.start_ms >= kept_from
+    }
+
+
+def test_retention_drops_a_range_wholly_past_it_and_deletes_within_the_next(
+    platform: Platform,
+) -> None:
+    plan = _plan(platform)
+    watermark = T0 + 15 * DAY_MS + 3 * HOUR  # keeps 1m cells from day 8, 3h on
+    generation, removed = _expire(platform, plan, watermark)
+    with connect(platform.settings.postgres.url) as conn:
+        assert _stored(conn) == _kept(plan, watermark)
+        assert removed == 84 + 21 - len(_kept(plan, watermark))
+        assert TimeRange(MINUTE, T0, T0 + 7 * DAY_MS) not in time_ranges(conn, generation)
+        assert TimeRange(MINUTE, T0 + 7 * DAY_MS, T0 + 14 * DAY_MS) in time_ranges(conn, generation)
+
+
+def test_a_drop_that_would_wait_on_a_reader_deletes_instead(platform: Platform) -> None:
+    plan = _plan(platform)
+    watermark = T0 + 15 * DAY_MS
+    holding, done = threading.Event(), threading.Event()
+
+    def read_and_hold() -> None:
+        with connect(platform.settings.postgres.url) as reader:
+            reader.execute("SELECT count(*) FROM batch_cells").fetchone()
+            holding.set()
+            done.wait(30)
+
+    with connect(platform.settings.postgres.url) as conn:
+        generation, _ = publish_full_generation(
+            conn, _three_weeks(plan), [], [], _publication(plan, T0 + 21 * DAY_MS, 1)
+        )
+    reader = threading.Thread(target=read_and_hold)
+    reader.start()
+    try:
+        assert holding.wait(10)
+        began = time.monotonic()
+        with connect(platform.settings.postgres.url) as conn:
+            removed = expire_cells(conn, generation, [plan], {plan.name: watermark})
+            conn.commit()
+        waited = time.monotonic() - began
+    finally:
+        done.set()
+        reader.join()
+    assert 0.4 < waited < 10
+    with connect(platform.settings.postgres.url) as conn:
+        assert _stored(conn) == _kept(plan, watermark)
+        assert removed == 84 + 21 - len(_kept(plan, watermark))
+        assert TimeRange(MINUTE, T0, T0 + 7 * DAY_MS) in time_ranges(conn, generation)
