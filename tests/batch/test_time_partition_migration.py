@@ -15,6 +15,7 @@ import pytest
 from alembic import command
 
 from batch_layer.publish import Publication, _flip, publish_incremental
+from serving_layer.batch_view import SERIES_SQL
 from shared.db.cell_tables import DAY_MS, time_ranges
 from shared.db.cells import BatchCell
 from shared.db.connect import connect
@@ -70,7 +71,8 @@ def _populate_one_table(conn: psycopg.Connection[Any]) -> None:
 
 
 class SlowestRead:
-    """Reads one key's hour of the served view over and over, keeping the slowest read."""
+    """Reads one key's hour of 1m cells over and over with the API's statement (the served
+    row and its generation's cells by primary key, `SERIES_SQL`), keeping the slowest read."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -80,16 +82,26 @@ class SlowestRead:
         self.thread = threading.Thread(target=self._run)
 
     def _run(self) -> None:
+        starts = [T0 + 5 * DAY_MS + i * 60_000 for i in range(60)]
         with connect(self.url, autocommit=True) as conn:
             while not self.stop.is_set():
                 began = time.monotonic()
-                conn.execute(
-                    "SELECT sum(c.count) FROM batch_cells c JOIN served_view s "
-                    "ON c.generation = s.generation WHERE c.metric = 'views' "
-                    "AND c.window_ms = 60000 AND c.key = ARRAY['/p7'] "
-                    "AND c.start_ms >= %s AND c.start_ms < %s",
-                    [T0 + 5 * DAY_MS, T0 + 5 * DAY_MS + 3_600_000],
-                ).fetchone()
+                row = conn.execute("SELECT generation, xmin::text FROM served_view").fetchone()
+                assert row is not None
+                cells = conn.execute(
+                    SERIES_SQL,
+                    {
+                        "metric": "views",
+                        "version": "v1",
+                        "x": row[1],
+                        "generation": row[0],
+                        "key": ["/p7"],
+                        "sizes": [60_000] * len(starts),
+                        "starts": starts,
+                        "needs": [False] * len(starts),
+                    },
+                ).fetchall()
+                assert [c[4] for c in cells] == starts
                 self.slowest_s = max(self.slowest_s, time.monotonic() - began)
                 self.reads += 1
                 time.sleep(0.01)
