@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -192,11 +192,13 @@ class FullGeneration:
         cells: pa.Table | Iterable[BatchCell],
         publication: Publication,
         horizon_reach: Mapping[tuple[str, int], tuple[int, int]] | None = None,
+        split: Mapping[int, int] | None = None,
     ) -> tuple[int, int]:
         """Load, index and attach the generation's cells and flip the served row, after every
         queued id load; returns (generation, cells written). `cells` is a table of the
         `BatchCell` columns, or the cells; `horizon_reach` how far back the sources with a
-        de-dup horizon need their ids (`HorizonIds.reach`)."""
+        de-dup horizon need their ids (`HorizonIds.reach`); `split` the windows laid out in
+        time ranges (`split_windows`), every other one in one range."""
         self._queue_key()
         for step in self._steps:
             step.result()
@@ -205,7 +207,7 @@ class FullGeneration:
         if not isinstance(cells, pa.Table):
             cells = list(cells)
         table = create_generation(conn, generation)
-        add_time_ranges(conn, generation, _starts_by_window(cells))
+        add_time_ranges(conn, generation, _starts_by_window(cells), split)
         written = _load_cells(conn, table, generation, cells)
         fault_point("mid_load")
         index_generation(conn, generation)
@@ -256,12 +258,13 @@ def publish_full_generation(
     ids: pa.Table | Iterable[tuple[str, str, int, int]],
     sources: Iterable[str],
     publication: Publication,
+    split: Mapping[int, int] | None = None,
 ) -> tuple[int, int]:
     """`FullGeneration` in one call, for a run whose cells and ids are all at hand; `ids` a
     table (or rows) of (source, event_id, partition, offset)."""
     with FullGeneration(conn, sources) as generation:
         generation.add_ids(ids, last=True)
-        published = generation.publish(cells, publication)
+        published = generation.publish(cells, publication, split=split)
     drop_old_generations(conn)
     return published
 
@@ -506,8 +509,8 @@ def retained_cells(
 
 
 DROP_LOCK_TIMEOUT = "500ms"
-"""How long dropping a range past retention may wait for the readers of its generation (and
-hold back the readers behind it) before its cells are deleted instead."""
+"""How long dropping the ranges past retention may wait for the readers of their generation
+(and hold back the readers queued behind it) before their cells are deleted instead."""
 
 
 def expire_cells(
@@ -518,8 +521,9 @@ def expire_cells(
 ) -> int:
     """Remove from `generation` the cells retention no longer keeps after a publication
     (`watermarks`: each plan's new W; `expiries`), in the caller's transaction, which should
-    commit right after. A time range whose every cell is past retention is dropped whole
-    (`_drop_range`); the others lose their expired rows. Returns how many cells were removed."""
+    commit right after. The time ranges whose every cell is past retention are dropped whole
+    (`_drop_ranges`); the others lose their expired rows. Returns how many cells were
+    removed."""
     found = expiries(plans, watermarks)
     kept_from: dict[int, dict[tuple[str, str], int]] = {}
     for expiry in found:
@@ -532,9 +536,10 @@ def expire_cells(
         r
         for r in ranges
         if r.hi is not None
+        and r.hi <= max(kept_from[r.window_ms].values())
         and all(
             held in kept_from[r.window_ms] and r.hi <= kept_from[r.window_ms][held]
-            for held in _metrics_in(conn, r.table(generation))
+            for held in _metrics_in(conn, generation, r.table(generation))
         )
     ]
     removed = 0
@@ -551,43 +556,50 @@ def expire_cells(
                 ).format(sql.Identifier(r.table(generation))),
                 [expiry.plan.name, expiry.plan.version, r.window_ms, expiry.kept_from],
             ).rowcount
-    for r in droppable:
-        removed += _drop_range(conn, r.table(generation))
-    return removed
+    return removed + _drop_ranges(conn, [r.table(generation) for r in droppable])
 
 
-def _metrics_in(conn: psycopg.Connection[Any], table: str) -> list[tuple[str, str]]:
+def _metrics_in(
+    conn: psycopg.Connection[Any], generation: int, table: str
+) -> Iterator[tuple[str, str]]:
     """The (metric, version)s with cells in a range's table, by a loose scan of its key (one
-    descent per pair, not a scan of the table)."""
-    held: list[tuple[str, str]] = []
+    descent of the primary key per pair, which the generation's equality lets it use)."""
+    after = ("", "")
     while True:
-        after = held[-1] if held else ("", "")
         row = conn.execute(
             sql.SQL(
-                "SELECT metric, version FROM {} WHERE (metric, version) > (%s, %s) "
-                "ORDER BY metric, version LIMIT 1"
+                "SELECT metric, version FROM {} WHERE generation = %s "
+                "AND (metric, version) > (%s, %s) ORDER BY metric, version LIMIT 1"
             ).format(sql.Identifier(table)),
-            list(after),
+            [generation, *after],
         ).fetchone()
         if row is None:
-            return held
-        held.append((row[0], row[1]))
+            return
+        after = (row[0], row[1])
+        yield after
 
 
-def _drop_range(conn: psycopg.Connection[Any], table: str) -> int:
-    """Drop a range's table whose cells are all past retention; returns its cells. Dropping
-    a partition locks its generation's table against readers until the commit, so it waits
-    for them at most `DROP_LOCK_TIMEOUT`; past that its cells are deleted instead."""
-    name = sql.Identifier(table)
-    cells: int = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(name)).fetchone()[0]  # type: ignore[index]
+def _drop_ranges(conn: psycopg.Connection[Any], tables: Sequence[str]) -> int:
+    """Drop the ranges' tables whose cells are all past retention, in one statement; returns
+    their cells, counted before. Dropping a partition locks its generation's table against
+    readers until the commit, so the drop waits for them at most `DROP_LOCK_TIMEOUT`; past
+    that the tables' cells are deleted instead."""
+    if not tables:
+        return 0
+    names = [sql.Identifier(table) for table in tables]
+    cells = sum(
+        conn.execute(sql.SQL("SELECT count(*) FROM {}").format(name)).fetchone()[0]  # type: ignore[index]
+        for name in names
+    )
+    previous = conn.execute("SELECT current_setting('lock_timeout')").fetchone()[0]  # type: ignore[index]
     try:
-        with conn.transaction():
-            timeout = sql.Literal(DROP_LOCK_TIMEOUT)
-            conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(timeout))
-            conn.execute(sql.SQL("DROP TABLE {}").format(name))
-            conn.execute("SET LOCAL lock_timeout = DEFAULT")
+        with conn.transaction():  # a savepoint: a timed-out drop rolls back to here
+            conn.execute("SELECT set_config('lock_timeout', %s, true)", [DROP_LOCK_TIMEOUT])
+            conn.execute(sql.SQL("DROP TABLE {}").format(sql.SQL(", ").join(names)))
+            conn.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
     except psycopg.errors.LockNotAvailable:
-        conn.execute(sql.SQL("DELETE FROM {}").format(name))
+        for name in names:
+            conn.execute(sql.SQL("DELETE FROM {}").format(name))
     return cells
 
 

@@ -29,8 +29,9 @@ Figures per view:
   x (60 + 1 + 1) cells whatever the view's size), median of 5 consecutive hours;
 - `drop_week_s`: retention removing the view's first week of 1m cells (`expire_cells`: one
   time range dropped whole), `delete_day_s`: its eighth day a day later (rows deleted from
-  the next range; `_cells` beside: how many each removed), and `vacuum_s`: the VACUUM after
-  that DELETE; `ranges`: the generation's time ranges;
+  the next range; `_cells` beside: how many each removed), and `vacuum_s`: the VACUUM of the
+  generation after that DELETE; `ranges`: the generation's tables (1m split by week, 1h and
+  1d kept forever in one each);
   `vacuum_after_load_s`: the VACUUM (ANALYZE) autovacuum would run after the load (run by the
   bench before its reads, so that they do not meet it).
 
@@ -62,6 +63,7 @@ from shared.db.cell_tables import (
     add_time_ranges,
     create_generation,
     index_generation,
+    split_windows,
     time_ranges,
 )
 from shared.db.cells import BatchCell
@@ -120,6 +122,7 @@ def load(conn: psycopg.Connection[Any], plan: MetricPlan, keys: int) -> dict[str
             conn,
             generation,
             {size: range(T0, T0 + DAYS * DAY, size) for size in (MINUTE, HOUR, DAY)},
+            split_windows([plan]),
         )
         started = time.monotonic()
         conn.execute(

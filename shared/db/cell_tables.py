@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from shared.metric_plan import SESSION_WINDOW_MS
+from shared.metric_plan import SESSION_WINDOW_MS, MetricPlan
 
 DAY_MS = 86_400_000
 STARTS_PER_RANGE = 10_080
@@ -30,6 +30,9 @@ NEW_RANGES_PER_WINDOW = 8
 """At most this many ranges of their own span are added per window and publication, for the
 newest cells; older cells without a range get one range filling the gap they lie in. However
 spread a run's event times (year 1 to 9999), it adds a bounded number of tables."""
+MAX_NEW_RANGES = 64
+"""A new generation gives a window as many ranges as its retention keeps (plus one), at least
+`NEW_RANGES_PER_WINDOW`, at most this many."""
 
 
 def range_span_ms(window_ms: int) -> int:
@@ -74,11 +77,14 @@ def _label(bound: int | None) -> str:
 
 
 def ranges_to_add(
-    window_ms: int, existing: Sequence[TimeRange], starts: Iterable[int]
+    window_ms: int,
+    existing: Sequence[TimeRange],
+    starts: Iterable[int],
+    limit: int = NEW_RANGES_PER_WINDOW,
 ) -> list[TimeRange]:
     """The ranges to add so that every start of `starts` (cells of `window_ms`) has one,
     given the window's `existing` ranges. Starts after every existing range get ranges of
-    the window's span (`range_span_ms`), at most `NEW_RANGES_PER_WINDOW` of them, the newest;
+    the window's span (`range_span_ms`), at most `limit` of them, the newest;
     any other start without a range gets one range filling the whole gap it lies in, up to
     its neighbours (or unbounded). The ranges returned overlap neither each other nor
     `existing`."""
@@ -90,7 +96,7 @@ def ranges_to_add(
     else:
         top = max((r.hi for r in existing if r.hi is not None), default=None)
         fresh = uncovered if top is None else uncovered[bisect.bisect_left(uncovered, top) :]
-    los = sorted({s - s % span for s in fresh})[-NEW_RANGES_PER_WINDOW:]
+    los = sorted({s - s % span for s in fresh})[-limit:]
     added = [TimeRange(window_ms, lo if top is None else max(lo, top), lo + span) for lo in los]
     ranges = sorted([*existing, *added], key=_lower)
     lowers = [_lower(r) for r in ranges]
@@ -129,26 +135,65 @@ def create_generation(conn: psycopg.Connection[Any], generation: int) -> sql.Ide
     return table
 
 
+def split_windows(plans: Iterable[MetricPlan]) -> dict[int, int]:
+    """The windows a new generation splits into time ranges, with the longest retention of
+    each: those every plan storing cells of (`stored_windows`) keeps for a retention, so that
+    a range past it can be dropped whole. Any other window gets one unbounded range: split,
+    it would only gather tables that are never dropped."""
+    retained: dict[int, int] = {}
+    kept_forever: set[int] = set()
+    for plan in plans:
+        retention = dict(plan.windows.retention_ms)
+        for window_ms in stored_windows(plan):
+            kept = retention.get(
+                plan.base_window_ms if window_ms == SESSION_WINDOW_MS else window_ms
+            )
+            if kept is None:
+                kept_forever.add(window_ms)
+            else:
+                retained[window_ms] = max(kept, retained.get(window_ms, 0))
+    return {w: kept for w, kept in retained.items() if w not in kept_forever}
+
+
+def stored_windows(plan: MetricPlan) -> set[int]:
+    """The windows of the cells the batch view stores for `plan` (window 0 for a session
+    metric's sessions)."""
+    return {*plan.windows_ms, *((SESSION_WINDOW_MS,) if plan.sessions is not None else ())}
+
+
 def add_time_ranges(
-    conn: psycopg.Connection[Any], generation: int, starts: Mapping[int, Iterable[int]]
+    conn: psycopg.Connection[Any],
+    generation: int,
+    starts: Mapping[int, Iterable[int]],
+    split: Mapping[int, int] | None = None,
 ) -> list[TimeRange]:
     """Give every (window, start) of `starts` (window -> starts) a range in the generation's
-    table (`ranges_to_add`); returns the ranges added. Each new range is created apart and
-    then attached, which locks the generation's table only against other DDL (SHARE UPDATE
-    EXCLUSIVE), never against readers, so a served generation grows while it is read; the
-    attach builds the new (empty) table's indexes."""
+    table; returns the ranges added. A window the generation holds ranges of gets more as
+    `ranges_to_add` says; a window it holds none of gets ranges as many as its retention in
+    `split` keeps (`split_windows`; a new generation's), or else one unbounded range. Each
+    new range is created apart and then attached, which locks the generation's table only
+    against other DDL (SHARE UPDATE EXCLUSIVE), never against readers, so a served generation
+    grows while it is read; the attach builds the new (empty) table's indexes."""
     held = time_ranges(conn, generation)
     parent = sql.Identifier(generation_table(generation))
     added = []
     for window_ms, window_starts in starts.items():
         existing = [r for r in held if r.window_ms == window_ms]
-        for new in ranges_to_add(window_ms, existing, window_starts):
-            table = sql.Identifier(new.table(generation))
+        if existing:
+            new = ranges_to_add(window_ms, existing, window_starts)
+        elif split is not None and window_ms in split:
+            kept = -(-split[window_ms] // range_span_ms(window_ms)) + 1
+            limit = min(max(kept, NEW_RANGES_PER_WINDOW), MAX_NEW_RANGES)
+            new = ranges_to_add(window_ms, [], window_starts, limit)
+        else:
+            new = [TimeRange(window_ms, None, None)]
+        for r in new:
+            table = sql.Identifier(r.table(generation))
             conn.execute(sql.SQL("CREATE TABLE {} (LIKE {})").format(table, parent))
             conn.execute(
-                sql.SQL("ALTER TABLE {} ATTACH PARTITION {} {}").format(parent, table, new.bounds())
+                sql.SQL("ALTER TABLE {} ATTACH PARTITION {} {}").format(parent, table, r.bounds())
             )
-            added.append(new)
+            added.append(r)
     return added
 
 
@@ -159,6 +204,14 @@ _BOUND = re.compile(
 
 def time_ranges(conn: psycopg.Connection[Any], generation: int) -> list[TimeRange]:
     """The ranges of a generation's table, as its partition bounds say."""
+    kind = conn.execute(
+        "SELECT relkind FROM pg_class WHERE oid = %s::regclass", [generation_table(generation)]
+    ).fetchone()
+    if kind is None or kind[0] != "p":
+        raise ValueError(
+            f"{generation_table(generation)} is not partitioned by time: a runner older than "
+            "migration 0007 wrote it; stop old runners and queue a full run"
+        )
     rows = conn.execute(
         "SELECT pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i "
         "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = %s::regclass",

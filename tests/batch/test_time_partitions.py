@@ -1,5 +1,6 @@
 """The batch view's time partitions against the real PostgreSQL ("Time partitions" in
-docs/architecture.md): a full generation is loaded into time ranges of its windows, an
+docs/architecture.md): a full generation is loaded into time ranges of its retained windows
+(one range for a window kept forever), an
 incremental or range publication adds the ranges its cells need to the served generation,
 retention drops a range whose cells are all past it and deletes within the others, and a drop
 that would wait on a reader deletes instead; every kept cell stays as it was."""
@@ -20,7 +21,7 @@ from batch_layer.publish import (
     publish_incremental,
     publish_range,
 )
-from shared.db.cell_tables import DAY_MS, TimeRange, time_ranges
+from shared.db.cell_tables import DAY_MS, TimeRange, split_windows, time_ranges
 from shared.db.cells import BatchCell
 from shared.db.connect import connect
 from shared.metric_plan import MetricPlan
@@ -29,7 +30,7 @@ from tests.conftest import Platform, reconfigured
 pytestmark = pytest.mark.services
 
 MINUTE, HOUR = 60_000, 3_600_000
-T0 = 56 * 364 * DAY_MS  # a boundary of the 1m ranges (7 days) and of the 1h ones (364)
+T0 = 2_920 * 7 * DAY_MS  # a boundary of the 1m ranges (7 days)
 METRIC = {
     "name": "views",
     "source": "pageviews",
@@ -83,13 +84,18 @@ def test_a_generation_is_loaded_into_ranges_and_publications_add_what_they_need(
     plan = _plan(platform)
     with connect(platform.settings.postgres.url) as conn:
         generation, _ = publish_full_generation(
-            conn, _three_weeks(plan), [], [], _publication(plan, T0 + 21 * DAY_MS, 1)
+            conn,
+            _three_weeks(plan),
+            [],
+            [],
+            _publication(plan, T0 + 21 * DAY_MS, 1),
+            split_windows([plan]),
         )
         assert time_ranges(conn, generation) == [
             TimeRange(MINUTE, T0, T0 + 7 * DAY_MS),
             TimeRange(MINUTE, T0 + 7 * DAY_MS, T0 + 14 * DAY_MS),
             TimeRange(MINUTE, T0 + 14 * DAY_MS, T0 + 21 * DAY_MS),
-            TimeRange(HOUR, T0, T0 + 364 * DAY_MS),
+            TimeRange(HOUR, None, None),  # kept forever: never dropped, never split
         ]
         conn.commit()
         before = _stored(conn)
@@ -120,7 +126,12 @@ def _expire(platform: Platform, plan: MetricPlan, watermark: int) -> tuple[int, 
     """Publish three weeks, expire under `watermark`; (generation, cells removed)."""
     with connect(platform.settings.postgres.url) as conn:
         generation, _ = publish_full_generation(
-            conn, _three_weeks(plan), [], [], _publication(plan, T0 + 21 * DAY_MS, 1)
+            conn,
+            _three_weeks(plan),
+            [],
+            [],
+            _publication(plan, T0 + 21 * DAY_MS, 1),
+            split_windows([plan]),
         )
     with connect(platform.settings.postgres.url) as conn:
         removed = expire_cells(conn, generation, [plan], {plan.name: watermark})
@@ -164,7 +175,12 @@ def test_a_drop_that_would_wait_on_a_reader_deletes_instead(platform: Platform) 
 
     with connect(platform.settings.postgres.url) as conn:
         generation, _ = publish_full_generation(
-            conn, _three_weeks(plan), [], [], _publication(plan, T0 + 21 * DAY_MS, 1)
+            conn,
+            _three_weeks(plan),
+            [],
+            [],
+            _publication(plan, T0 + 21 * DAY_MS, 1),
+            split_windows([plan]),
         )
     reader = threading.Thread(target=read_and_hold)
     reader.start()

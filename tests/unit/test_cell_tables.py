@@ -5,18 +5,21 @@ overlap, and stay few however the cells' times are spread."""
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shared.config import Settings
 from shared.db.cell_tables import (
     DAY_MS,
     NEW_RANGES_PER_WINDOW,
     TimeRange,
     range_span_ms,
     ranges_to_add,
+    split_windows,
 )
-from shared.metric_plan import SESSION_WINDOW_MS
+from shared.metric_plan import SESSION_WINDOW_MS, MetricPlan
 
 MINUTE = 60_000
 YEAR_1 = -62_135_596_800_000
@@ -93,3 +96,35 @@ def test_every_cell_has_exactly_one_range(existing: list[TimeRange], minutes: li
     span = range_span_ms(MINUTE)
     aligned = [r for r in added if r.lo is not None and r.hi is not None and r.hi - r.lo == span]
     assert all(any(r.holds(s) for s in starts) for r in aligned)
+
+
+def _plans(metrics: list[dict[str, Any]]) -> list[MetricPlan]:
+    source = {"name": "pv", "topic": "pv", "time_field": "ts", "partitions": 1}
+    return list(Settings(sources=[source], tables=[], metrics=metrics).plans.values())
+
+
+def test_only_windows_every_metric_retains_are_split() -> None:
+    views = {
+        "name": "views",
+        "source": "pv",
+        "key": ["page"],
+        "windows": ["1m", "1h", "1d"],
+        "retention": {"1m": "7d", "1h": "90d"},
+        "rollups": [[]],
+    }
+    totals = {"name": "totals", "source": "pv", "key": [], "windows": ["1h"]}
+    visits = {
+        "name": "visits",
+        "source": "pv",
+        "key": ["user"],
+        "session": {"gap": "30m", "max_duration": "4h"},
+        "windows": ["1m", "1h"],
+        "retention": {"1m": "2d", "1h": "30d"},
+    }
+    # views' rollup keeps views' retention; totals keeps its 1h cells forever; visits'
+    # sessions (window 0) go with its 1m cells
+    assert split_windows(_plans([views, totals, visits])) == {
+        MINUTE: 7 * DAY_MS,
+        SESSION_WINDOW_MS: 2 * DAY_MS,
+    }
+    assert split_windows(_plans([views])) == {MINUTE: 7 * DAY_MS, 3_600_000: 90 * DAY_MS}
