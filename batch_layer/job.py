@@ -24,7 +24,7 @@ from batch_layer.errors import RunNotExecutable
 from batch_layer.kafka_source import plan_slices, source_rows
 from batch_layer.lookups import read_versions
 from batch_layer.progress import SPARK_SHARE, RunProgress
-from batch_layer.publish import Publication, expire_cells
+from batch_layer.publish import Expired, Publication, expire_cells
 from batch_layer.run_plan import Results, RunPlan, plan_run
 from batch_layer.snapshot import Snapshot
 from shared.config import RunMode, Settings, SourceConfig
@@ -49,8 +49,9 @@ class RunSummary:
     watermarks: dict[str, int | None] = field(default_factory=dict)
     snapshot: Snapshot = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
-    expired: int = 0
-    """Cells retention removed with the publication (rule 14)."""
+    expired: Expired = field(default_factory=lambda: Expired(0, 0))
+    """What retention removed with the publication (rule 14): cells deleted, time ranges
+    dropped."""
 
 
 def execute_run(

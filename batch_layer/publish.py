@@ -513,17 +513,25 @@ DROP_LOCK_TIMEOUT = "500ms"
 (and hold back the readers queued behind it) before their cells are deleted instead."""
 
 
+class Expired(NamedTuple):
+    """What retention removed with a publication."""
+
+    deleted: int
+    """Cells deleted row by row (in ranges holding kept cells too)."""
+    dropped: int
+    """Time ranges dropped whole (their cells not counted: that would read them all)."""
+
+
 def expire_cells(
     conn: psycopg.Connection[Any],
     generation: int,
     plans: Iterable[MetricPlan],
     watermarks: Mapping[str, int | None],
-) -> int:
+) -> Expired:
     """Remove from `generation` the cells retention no longer keeps after a publication
     (`watermarks`: each plan's new W; `expiries`), in the caller's transaction, which should
     commit right after. The time ranges whose every cell is past retention are dropped whole
-    (`_drop_ranges`); the others lose their expired rows. Returns how many cells were
-    removed."""
+    (`_drop_ranges`); the others lose their expired rows."""
     found = expiries(plans, watermarks)
     kept_from: dict[int, dict[tuple[str, str], int]] = {}
     for expiry in found:
@@ -542,21 +550,27 @@ def expire_cells(
             for held in _metrics_in(conn, generation, r.table(generation))
         )
     ]
-    removed = 0
+    deleted = 0
     for expiry in found:
         for r in ranges:
             if r in droppable or r.window_ms not in expiry.windows:
                 continue
             if r.lo is not None and r.lo >= expiry.kept_from:
                 continue
-            removed += conn.execute(
+            deleted += conn.execute(
                 sql.SQL(
                     "DELETE FROM {} WHERE metric = %s AND version = %s AND window_ms = %s "
                     "AND start_ms < %s"
                 ).format(sql.Identifier(r.table(generation))),
                 [expiry.plan.name, expiry.plan.version, r.window_ms, expiry.kept_from],
             ).rowcount
-    return removed + _drop_ranges(conn, [r.table(generation) for r in droppable])
+    if _drop_ranges(conn, [r.table(generation) for r in droppable]):
+        return Expired(deleted, len(droppable))
+    for r in droppable:
+        deleted += conn.execute(
+            sql.SQL("DELETE FROM {}").format(sql.Identifier(r.table(generation)))
+        ).rowcount
+    return Expired(deleted, 0)
 
 
 def _metrics_in(
@@ -579,28 +593,23 @@ def _metrics_in(
         yield after
 
 
-def _drop_ranges(conn: psycopg.Connection[Any], tables: Sequence[str]) -> int:
-    """Drop the ranges' tables whose cells are all past retention, in one statement; returns
-    their cells, counted before. Dropping a partition locks its generation's table against
-    readers until the commit, so the drop waits for them at most `DROP_LOCK_TIMEOUT`; past
-    that the tables' cells are deleted instead."""
+def _drop_ranges(conn: psycopg.Connection[Any], tables: Sequence[str]) -> bool:
+    """Drop the ranges' tables whose cells are all past retention, in one statement; whether
+    they were dropped. Dropping a partition locks its generation's table against readers
+    until the commit, so the drop waits for them at most `DROP_LOCK_TIMEOUT`; past that it
+    gives up (the caller deletes their cells instead)."""
     if not tables:
-        return 0
-    names = [sql.Identifier(table) for table in tables]
-    cells = sum(
-        conn.execute(sql.SQL("SELECT count(*) FROM {}").format(name)).fetchone()[0]  # type: ignore[index]
-        for name in names
-    )
+        return True
     previous = conn.execute("SELECT current_setting('lock_timeout')").fetchone()[0]  # type: ignore[index]
     try:
         with conn.transaction():  # a savepoint: a timed-out drop rolls back to here
             conn.execute("SELECT set_config('lock_timeout', %s, true)", [DROP_LOCK_TIMEOUT])
-            conn.execute(sql.SQL("DROP TABLE {}").format(sql.SQL(", ").join(names)))
+            names = sql.SQL(", ").join(sql.Identifier(table) for table in tables)
+            conn.execute(sql.SQL("DROP TABLE {}").format(names))
             conn.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
     except psycopg.errors.LockNotAvailable:
-        for name in names:
-            conn.execute(sql.SQL("DELETE FROM {}").format(name))
-    return cells
+        return False
+    return True
 
 
 def _lock_served(

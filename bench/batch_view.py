@@ -29,7 +29,8 @@ Figures per view:
   x (60 + 1 + 1) cells whatever the view's size), median of 5 consecutive hours;
 - `drop_week_s`: retention removing the view's first week of 1m cells (`expire_cells`: one
   time range dropped whole), `delete_day_s`: its eighth day a day later (rows deleted from
-  the next range; `_cells` beside: how many each removed), and `vacuum_s`: the VACUUM of the
+  the next range; `_deleted` and `_dropped` beside: the cells each deleted and the ranges it
+  dropped), and `vacuum_s`: the VACUUM of the
   generation after that DELETE; `ranges`: the generation's tables (1m split by week, 1h and
   1d kept forever in one each);
   `vacuum_after_load_s`: the VACUUM (ANALYZE) autovacuum would run after the load (run by the
@@ -272,14 +273,13 @@ def expire(conn: psycopg.Connection[Any], plan: MetricPlan) -> dict[str, float]:
     the view's first week go, a whole time range dropped; then those of its eighth day, rows
     deleted from the next range (and the VACUUM after that DELETE)."""
     generation = conn.execute("SELECT generation FROM served_view WHERE id = 1").fetchone()[0]  # type: ignore[index]
-    figures = {}
+    figures: dict[str, float] = {}
     for name, watermark in (("drop_week", T0 + DAYS * DAY), ("delete_day", T0 + (DAYS + 1) * DAY)):
         started = time.monotonic()
         with conn.transaction():
-            figures[f"{name}_cells"] = expire_cells(
-                conn, generation, [plan], {plan.name: watermark}
-            )
+            expired = expire_cells(conn, generation, [plan], {plan.name: watermark})
         figures[f"{name}_s"] = time.monotonic() - started
+        figures[f"{name}_deleted"], figures[f"{name}_dropped"] = expired
     started = time.monotonic()
     conn.execute(sql.SQL("VACUUM {}").format(sql.Identifier(f"batch_cells_g{generation}")))
     figures["vacuum_s"] = time.monotonic() - started
