@@ -79,19 +79,25 @@ def _three_weeks(plan: MetricPlan) -> list[BatchCell]:
     return minutes + hours
 
 
+def _publish_three_weeks(conn: psycopg.Connection[Any], plan: MetricPlan) -> int:
+    """A full generation of `_three_weeks`, its retained windows split; its number."""
+    generation, _ = publish_full_generation(
+        conn,
+        _three_weeks(plan),
+        [],
+        [],
+        _publication(plan, T0 + 21 * DAY_MS, 1),
+        split_windows([plan]),
+    )
+    return generation
+
+
 def test_a_generation_is_loaded_into_ranges_and_publications_add_what_they_need(
     platform: Platform,
 ) -> None:
     plan = _plan(platform)
     with connect(platform.settings.postgres.url) as conn:
-        generation, _ = publish_full_generation(
-            conn,
-            _three_weeks(plan),
-            [],
-            [],
-            _publication(plan, T0 + 21 * DAY_MS, 1),
-            split_windows([plan]),
-        )
+        generation = _publish_three_weeks(conn, plan)
         assert time_ranges(conn, generation) == [
             TimeRange(MINUTE, T0, T0 + 7 * DAY_MS),
             TimeRange(MINUTE, T0 + 7 * DAY_MS, T0 + 14 * DAY_MS),
@@ -126,14 +132,7 @@ def test_a_generation_is_loaded_into_ranges_and_publications_add_what_they_need(
 def _expire(platform: Platform, plan: MetricPlan, watermark: int) -> tuple[int, Expired]:
     """Publish three weeks, expire under `watermark`; (generation, what was removed)."""
     with connect(platform.settings.postgres.url) as conn:
-        generation, _ = publish_full_generation(
-            conn,
-            _three_weeks(plan),
-            [],
-            [],
-            _publication(plan, T0 + 21 * DAY_MS, 1),
-            split_windows([plan]),
-        )
+        generation = _publish_three_weeks(conn, plan)
     with connect(platform.settings.postgres.url) as conn:
         removed = expire_cells(conn, generation, [plan], {plan.name: watermark})
         conn.commit()
@@ -176,14 +175,7 @@ def test_a_drop_that_would_wait_on_a_reader_deletes_instead(platform: Platform) 
             done.wait(30)
 
     with connect(platform.settings.postgres.url) as conn:
-        generation, _ = publish_full_generation(
-            conn,
-            _three_weeks(plan),
-            [],
-            [],
-            _publication(plan, T0 + 21 * DAY_MS, 1),
-            split_windows([plan]),
-        )
+        generation = _publish_three_weeks(conn, plan)
     reader = threading.Thread(target=read_and_hold)
     reader.start()
     try:
