@@ -51,10 +51,12 @@ log = logging.getLogger(__name__)
 
 
 def runner_active(settings: Settings) -> bool:
-    """Whether some runner currently holds the runner lock."""
+    """Whether some runner of this database currently holds the runner lock (`pg_locks` shows
+    every database's locks: platforms sharing a PostgreSQL server each have their own)."""
     with connect(settings.postgres.url, autocommit=True) as conn:
         row = conn.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
             "AND classid::bigint = 0 AND objid::bigint = %s AND objsubid = 1",
             [RUNNER_LOCK],
         ).fetchone()

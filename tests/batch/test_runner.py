@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -12,12 +13,12 @@ import pytest
 from batch_layer import run_runner, runner_active
 from batch_layer.job import nice_local_backend
 from lambdactl.generator import GeneratorSpec
-from shared.config import BatchConfig
+from shared.config import BatchConfig, Settings
 from shared.db.connect import connect
 from shared.db.runs import RUNNER_LOCK, RunRequest, cancel_run, list_runs, queue_run
 from shared.kafka import create_topics
 from tests.batch.helpers import HOUR, MINUTE, oracle_mismatches, produce_spec, queue, run_record
-from tests.conftest import Platform
+from tests.conftest import Platform, own_platform
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
 
@@ -32,6 +33,20 @@ def test_the_local_postgres_backend_of_a_run_takes_the_runners_niceness(
         assert backend.nice() == 0
         nice_local_backend(conn, platform.settings.batch.nice)
         assert backend.nice() == BatchConfig().nice == 10
+
+
+def test_a_runner_of_another_database_on_the_server_is_not_this_platforms(
+    platform: Platform, stack: Settings, tmp_path: Path
+) -> None:
+    """Two platforms sharing a PostgreSQL server: the runner lock one holds (an advisory lock,
+    listed in `pg_locks` with every database's) does not make the other's runner active."""
+    with (
+        own_platform(stack, tmp_path) as other,
+        connect(other.settings.postgres.url, autocommit=True) as holder,
+    ):
+        holder.execute("SELECT pg_advisory_lock(%s)", [RUNNER_LOCK])
+        assert runner_active(other.settings)
+        assert not runner_active(platform.settings)
 
 
 def test_queued_runs_execute_one_at_a_time(platform: Platform, spark: Any) -> None:
