@@ -33,11 +33,27 @@ from shared.speed_view import redis_client
 # the same, so both sides hold one edition of the database.
 zoneinfo.reset_tzpath(to=[])
 
-TEST_REDIS_DB = int(os.environ.get("LP_TEST_REDIS_DB", "15"))
-"""Tests flush this Redis database; engineers running suites side by side pick different ones."""
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+"""The pytest-xdist worker running this process (`./dev test` runs two); `gw0` without xdist."""
+TEST_REDIS_DB = int(os.environ.get("LP_TEST_REDIS_DB", "15")) - int(XDIST_WORKER.removeprefix("gw"))
+"""Tests flush this Redis database, one per xdist worker (15, 14, ...); engineers running
+suites side by side set `LP_TEST_REDIS_DB` apart by more than the number of workers."""
 TEST_REDIS_CLUSTER = os.environ.get("LP_TEST_REDIS_CLUSTER")
 """A node of a Redis Cluster the test worlds keep the speed view in instead (set by
 `tests/e2e/test_redis_cluster.py` for the suites it reruns there)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules marked `long(seconds)` first, longest first: `./dev test` hands whole
+    modules to two xdist workers in collection order (`--dist loadscope`, which also keeps a
+    module's fixtures and fixed ports on one worker), and a multi-minute module handed out
+    last would leave the other worker idle for its length."""
+
+    def seconds(item: pytest.Item) -> float:
+        marker = item.get_closest_marker("long")
+        return float(marker.args[0]) if marker else 0.0
+
+    items.sort(key=seconds, reverse=True)
 
 
 @pytest.fixture(scope="session")

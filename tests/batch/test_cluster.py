@@ -24,7 +24,7 @@ from shared.kafka import create_topics
 from tests.batch.helpers import HOUR, MINUTE, oracle_mismatches, produce_spec, queue, run_record
 from tests.conftest import Platform
 
-pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.services, pytest.mark.long(70), pytest.mark.timeout(300)]
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 WORKERS = 2

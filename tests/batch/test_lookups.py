@@ -45,7 +45,7 @@ from tests.batch.helpers import (
 )
 from tests.conftest import Platform, reconfigured
 
-pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.services, pytest.mark.long(115), pytest.mark.timeout(600)]
 
 
 def _page_one(event_id: str, ts: int) -> tuple[bytes, bytes]:

@@ -21,7 +21,7 @@ from bench import peers
 from lambdactl.generator import GeneratorSpec, generate, produce
 from shared.config import Settings
 
-pytestmark = [pytest.mark.services, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.services, pytest.mark.long(60), pytest.mark.timeout(420)]
 
 MINUTE = 60_000
 EVENTS = 2000

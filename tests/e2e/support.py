@@ -15,7 +15,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from shared.config import Settings
 from shared.db.runs import RunRequest
 from tests import oracle
 from tests.batch.helpers import oracle_mismatches, queue, run_record, served_view
-from tests.conftest import Platform, reconfigured
+from tests.conftest import TEST_REDIS_DB, Platform, reconfigured
 from tests.speed.support import speed_cells
 
 SHORT_BACKOFFS: dict[str, dict[str, Any]] = {
@@ -203,12 +203,18 @@ class EventStream:
         assert not self._thread.is_alive(), f"producing took over {timeout_s:.0f} s"
 
 
+def _without_xdist(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` without pytest-xdist's worker variables, so a pytest run in a subprocess is
+    not taken for a worker of the run that started it."""
+    return {k: v for k, v in environ.items() if not k.startswith("PYTEST_XDIST")}
+
+
 def rerun_suites(paths: list[str], env: dict[str, str], timeout_s: float) -> str:
     """Runs pytest over `paths` in a subprocess with `env` added (e.g. the services it should
     use instead); asserts that every test passed, none skipped; returns pytest's summary."""
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths],
-        env={**os.environ, **env},
+        env={**_without_xdist(os.environ), "LP_TEST_REDIS_DB": str(TEST_REDIS_DB), **env},
         capture_output=True,
         text=True,
         timeout=timeout_s,

@@ -28,7 +28,7 @@ from tests.e2e.support import (
 )
 from tests.speed.support import start_worker, stop_worker, wait_until_applied
 
-pytestmark = [pytest.mark.services, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.services, pytest.mark.long(45), pytest.mark.timeout(420)]
 
 
 @pytest.fixture

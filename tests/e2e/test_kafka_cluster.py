@@ -26,7 +26,7 @@ from tests.e2e.support import EventStream, rerun_suites, settles_exactly
 from tests.kafka_cluster import KafkaCluster, local_kafka_cluster
 from tests.speed.support import start_worker, stop_worker, wait_until_applied
 
-pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.services, pytest.mark.long(100), pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")

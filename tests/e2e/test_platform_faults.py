@@ -66,7 +66,7 @@ from tests.e2e.support import (
 )
 from tests.speed.support import end_offsets, speed_cells, wait_until_applied
 
-pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.services, pytest.mark.long(330), pytest.mark.timeout(600)]
 
 MINUTE = 60_000
 OUTAGE_S = 30.0

@@ -15,7 +15,7 @@ import redis
 from tests.e2e.support import rerun_suites
 from tests.redis_cluster import local_redis_cluster
 
-pytestmark = [pytest.mark.services, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.services, pytest.mark.long(180), pytest.mark.timeout(900)]
 
 SUITES = [
     "tests/speed/test_processor.py",

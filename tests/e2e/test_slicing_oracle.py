@@ -48,7 +48,7 @@ from tests import oracle
 from tests.conftest import Platform, own_platform, platform_config
 from tests.speed.support import drain_with_worker
 
-pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.services, pytest.mark.long(80), pytest.mark.timeout(600)]
 
 SECOND, MINUTE, HOUR, DAY = 1_000, 60_000, 3_600_000, 86_400_000
 

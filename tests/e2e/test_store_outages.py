@@ -50,7 +50,7 @@ from tests.speed.support import (
     wait_until_applied,
 )
 
-pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.services, pytest.mark.long(100), pytest.mark.timeout(600)]
 
 MINUTE = 60_000
 OUTAGE_S = 12.0
