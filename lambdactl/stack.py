@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+import psutil
 import psycopg
 import redis
 from confluent_kafka import KafkaException
@@ -66,6 +67,15 @@ MIN_JAVA = 17
 MIN_POSTGRES = 15
 DEBIAN_POSTGRES = Path("/usr/lib/postgresql")
 PG_SETTINGS = "-c max_connections=200"
+
+
+def _pg_shared_buffers_mb() -> int:
+    """A quarter of the machine's memory, between PostgreSQL's default 128 MB and 8 GB: the
+    usual starting point for a dedicated server (PostgreSQL's documentation). At the default the
+    served view's recent cells, which dashboards poll, were read through the kernel's page cache,
+    a system call per page: a 60-cell series read over 10^8 cells touches ~300 pages."""
+    quarter_mb = psutil.virtual_memory().total // 4 // 2**20
+    return int(min(max(quarter_mb, 128), 8192))
 SERVICES = ("kafka", "redis", "postgres")
 MARKERS = {"kafka": kafka_broker.MAIN_CLASS, "redis": "redis-server"}
 """What a managed process's command line names (a pid file may outlive its process)."""
@@ -547,7 +557,10 @@ def _pg_start(layout: _PgLayout, bind: str, port: int) -> None:
             "--no-locale",
         ]
         _run(_as_postgres(initdb), "initdb", layout.log)
-    options = f"-p {port} -c listen_addresses={bind} -c unix_socket_directories='' {PG_SETTINGS}"
+    options = (
+        f"-p {port} -c listen_addresses={bind} -c unix_socket_directories='' {PG_SETTINGS} "
+        f"-c shared_buffers={_pg_shared_buffers_mb()}MB"
+    )
     start = [
         str(bindir / "pg_ctl"),
         "-D",

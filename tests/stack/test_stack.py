@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+import psutil
 import psycopg
 import pytest
 import redis
@@ -137,6 +138,11 @@ def test_up_is_idempotent_answers_and_down_stops_it(settings: Settings) -> None:
     with psycopg.connect(POSTGRES) as conn:
         assert conn.execute("select 1, current_user").fetchone() == (1, "lambda")
         assert conn.execute("show max_connections").fetchone() == ("200",)
+        buffers_mb = conn.execute(
+            "SELECT setting::bigint * 8192 / 1048576 FROM pg_settings WHERE name = 'shared_buffers'"
+        ).fetchone()
+        quarter_mb = psutil.virtual_memory().total // 4 // 1048576
+        assert buffers_mb == (min(max(quarter_mb, 128), 8192),), "a quarter of memory, <= 8 GB"
 
     status = _by_name(stack_status(settings))
     assert all(status[name].reachable and status[name].started_by_us for name in SERVICES)
