@@ -67,6 +67,9 @@ MIN_JAVA = 17
 MIN_POSTGRES = 15
 DEBIAN_POSTGRES = Path("/usr/lib/postgresql")
 PG_SETTINGS = "-c max_connections=200"
+SERVICES = ("kafka", "redis", "postgres")
+MARKERS = {"kafka": kafka_broker.MAIN_CLASS, "redis": "redis-server"}
+"""What a managed process's command line names (a pid file may outlive its process)."""
 
 
 def _pg_shared_buffers_mb() -> int:
@@ -76,9 +79,6 @@ def _pg_shared_buffers_mb() -> int:
     a system call per page: a 60-cell series read over 10^8 cells touches ~300 pages."""
     quarter_mb = psutil.virtual_memory().total // 4 // 2**20
     return int(min(max(quarter_mb, 128), 8192))
-SERVICES = ("kafka", "redis", "postgres")
-MARKERS = {"kafka": kafka_broker.MAIN_CLASS, "redis": "redis-server"}
-"""What a managed process's command line names (a pid file may outlive its process)."""
 
 
 @dataclass(frozen=True)
