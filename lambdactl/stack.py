@@ -37,9 +37,10 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -68,6 +69,8 @@ MIN_POSTGRES = 15
 DEBIAN_POSTGRES = Path("/usr/lib/postgresql")
 PG_SETTINGS = "-c max_connections=200"
 SERVICES = ("kafka", "redis", "postgres")
+APT_LOCK = Path(tempfile.gettempdir()) / "lambdactl-apt.lock"
+"""Held while `apt_install` runs, machine-wide."""
 MARKERS = {"kafka": kafka_broker.MAIN_CLASS, "redis": "redis-server"}
 """What a managed process's command line names (a pid file may outlive its process)."""
 
@@ -77,8 +80,18 @@ def _pg_shared_buffers_mb() -> int:
     usual starting point for a dedicated server (PostgreSQL's documentation). At the default the
     served view's recent cells, which dashboards poll, were read through the kernel's page cache,
     a system call per page: a 60-cell series read over 10^8 cells touches ~300 pages."""
-    quarter_mb = psutil.virtual_memory().total // 4 // 2**20
+    quarter_mb = memory_bytes() // 4 // 2**20
     return int(min(max(quarter_mb, 128), 8192))
+
+
+def memory_bytes() -> int:
+    """The machine's memory, or the container's limit when it has a lower one (cgroup v2,
+    then v1): shared buffers touched count against it."""
+    total = int(psutil.virtual_memory().total)
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        with contextlib.suppress(OSError, ValueError):
+            total = min(total, int(Path(limit).read_text().strip()))
+    return total
 
 
 @dataclass(frozen=True)
@@ -457,8 +470,8 @@ def _alive(pid: int, marker: str) -> bool:
 def _maven() -> str:
     found = shutil.which("mvn")
     if found is None:
-        _apt_install(
-            "maven",
+        apt_install(
+            ["maven"],
             "Apache Maven is not installed, and the local Kafka's jars are resolved with it: "
             "install it (e.g. `apt-get install maven`) or point LAMBDA_KAFKA__BOOTSTRAP_SERVERS "
             "at a running Kafka",
@@ -472,8 +485,8 @@ def _maven() -> str:
 def _redis_server() -> str:
     found = shutil.which("redis-server")
     if found is None:
-        _apt_install(
-            "redis-server",
+        apt_install(
+            ["redis-server"],
             "redis-server is not installed: install Redis 7 (e.g. `apt-get install "
             "redis-server`) or point LAMBDA_REDIS__URL at a running Redis",
         )
@@ -587,8 +600,8 @@ def _pg_bindir(cluster: Path | None, install: bool) -> Path:
     """The cluster's own major version if it exists (data files are per major), else the newest."""
     versions = _pg_versions()
     if not versions and install:
-        _apt_install(
-            "postgresql",
+        apt_install(
+            ["postgresql"],
             f"PostgreSQL {MIN_POSTGRES}+ is not installed: `apt-get install postgresql`, or point "
             "LAMBDA_POSTGRES__URL at a running PostgreSQL",
         )
@@ -741,8 +754,8 @@ def _java_state(install: bool) -> ServiceState:
     """Spark needs Java 17+; `stack up` installs it when it can (root), otherwise says how."""
     found = _java_version()
     if install and (found is None or found[1] < MIN_JAVA):
-        _apt_install(
-            "openjdk-17-jre-headless",
+        apt_install(
+            ["openjdk-17-jre-headless"],
             f"Spark needs Java {MIN_JAVA}+: install OpenJDK 17 (e.g. `apt-get install "
             "openjdk-17-jre-headless`) and put it on PATH or in JAVA_HOME",
         )
@@ -775,12 +788,18 @@ def _java_version() -> tuple[str, int, str] | None:
     return java, major, first[0]
 
 
-def _apt_install(package: str, how_to: str) -> None:
+def apt_install(packages: Sequence[str], how_to: str) -> None:
+    """`apt-get install` as root, one at a time on the machine: two `stack up`s (or test
+    workers) installing at once would race for dpkg's lock and one would fail. Not root:
+    `ServiceUnavailableError(how_to)`."""
     if not _is_root():
         raise ServiceUnavailableError(how_to)
-    _apt_update()
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    _run(["apt-get", "install", "-y", package], f"apt-get install {package}", env=env)
+    with APT_LOCK.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        _apt_update()
+        command = ["apt-get", "install", "-y", *packages]
+        _run(command, " ".join(command), env=env)
 
 
 @functools.cache

@@ -4,10 +4,8 @@ uvicorn on a thread of the test process, every request it gets recorded."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
-import subprocess
 import tempfile
 import threading
 import time
@@ -18,6 +16,9 @@ from typing import Any
 
 import pytest
 import uvicorn
+
+from lambdactl.stack import apt_install
+from shared.errors import ServiceUnavailableError
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 """Where the tests keep their screenshots."""
@@ -37,19 +38,16 @@ CHROME_FLAGS = [
 def _chromium() -> tuple[str, str]:
     """Paths of chromium and chromedriver, installing them with apt-get when root; fails
     loudly (never skips) when they cannot be had."""
+    needed = "chromium and chromium-driver are needed: apt-get install -y chromium chromium-driver"
     browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if (browser is None or driver is None) and os.geteuid() == 0:
-        install = ["apt-get", "install", "-y", "chromium", "chromium-driver"]
-        if subprocess.run(install, check=False, capture_output=True, timeout=600).returncode:
-            # A fresh machine may never have read the package lists.
-            subprocess.run(["apt-get", "update"], check=False, capture_output=True, timeout=600)
-            subprocess.run(install, check=False, capture_output=True, timeout=600)
+    if browser is None or driver is None:
+        try:
+            apt_install(["chromium", "chromium-driver"], needed)
+        except ServiceUnavailableError as exc:
+            pytest.fail(str(exc), pytrace=False)
         browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if browser is None or driver is None:
-        pytest.fail(
-            "chromium and chromium-driver are needed: apt-get install -y chromium chromium-driver",
-            pytrace=False,
-        )
+        pytest.fail(needed, pytrace=False)
     return browser, driver
 
 

@@ -37,7 +37,8 @@ XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
 """The pytest-xdist worker running this process (`./dev test` runs two); `gw0` without xdist."""
 TEST_REDIS_DB = int(os.environ.get("LP_TEST_REDIS_DB", "15")) - int(XDIST_WORKER.removeprefix("gw"))
 """Tests flush this Redis database, one per xdist worker (15, 14, ...); engineers running
-suites side by side set `LP_TEST_REDIS_DB` apart by more than the number of workers."""
+suites side by side set `LP_TEST_REDIS_DB` apart by at least the number of workers."""
+assert TEST_REDIS_DB >= 1, f"LP_TEST_REDIS_DB leaves worker {XDIST_WORKER} database 0 or less"
 TEST_REDIS_CLUSTER = os.environ.get("LP_TEST_REDIS_CLUSTER")
 """A node of a Redis Cluster the test worlds keep the speed view in instead (set by
 `tests/e2e/test_redis_cluster.py` for the suites it reruns there)."""

@@ -40,8 +40,9 @@ def test_a_runner_of_another_database_on_the_server_is_not_this_platforms(
 ) -> None:
     """Two platforms sharing a PostgreSQL server: the runner lock one holds (an advisory lock,
     listed in `pg_locks` with every database's) does not make the other's runner active."""
+    (tmp_path / "other").mkdir()
     with (
-        own_platform(stack, tmp_path) as other,
+        own_platform(stack, tmp_path / "other") as other,
         connect(other.settings.postgres.url, autocommit=True) as holder,
     ):
         holder.execute("SELECT pg_advisory_lock(%s)", [RUNNER_LOCK])

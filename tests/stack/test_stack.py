@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-import psutil
 import psycopg
 import pytest
 import redis
@@ -21,7 +20,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from lambdactl.kafka_broker import kafka_version
-from lambdactl.stack import ServiceState, stack_down, stack_status, stack_up
+from lambdactl.stack import ServiceState, memory_bytes, stack_down, stack_status, stack_up
 from shared.config import Settings
 from shared.errors import ServiceUnavailableError
 
@@ -141,7 +140,7 @@ def test_up_is_idempotent_answers_and_down_stops_it(settings: Settings) -> None:
         buffers_mb = conn.execute(
             "SELECT setting::bigint * 8192 / 1048576 FROM pg_settings WHERE name = 'shared_buffers'"
         ).fetchone()
-        quarter_mb = psutil.virtual_memory().total // 4 // 1048576
+        quarter_mb = memory_bytes() // 4 // 1048576
         assert buffers_mb == (min(max(quarter_mb, 128), 8192),), "a quarter of memory, <= 8 GB"
 
     status = _by_name(stack_status(settings))
