@@ -28,6 +28,7 @@ from batch_layer.publish import Expired, Publication, expire_cells
 from batch_layer.run_plan import Results, RunPlan, plan_run
 from batch_layer.snapshot import Snapshot
 from shared.config import RunMode, Settings, SourceConfig
+from shared.db.cell_tables import drop_detached_ranges
 from shared.db.connect import connect
 from shared.db.runs import RunRecord, get_run, mark_failed, try_runner_lock
 from shared.db.served import ServedView
@@ -94,6 +95,11 @@ def _execute_locked(
             mark_failed(conn, run_id, f"{type(exc).__name__}: {exc}")
             conn.commit()
             raise
+        conn.commit()
+        try:
+            drop_detached_ranges(conn)
+        except psycopg.Error as exc:
+            log.warning("the time ranges retention detached stay until the next run: %s", exc)
     return summary
 
 

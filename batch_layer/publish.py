@@ -27,6 +27,7 @@ from shared.aggregations import SketchKind, merge_states
 from shared.db.cell_tables import (
     add_time_ranges,
     create_generation,
+    generation_table,
     index_generation,
     partitions_of,
     time_ranges,
@@ -509,7 +510,7 @@ def retained_cells(
 
 
 DROP_LOCK_TIMEOUT = "500ms"
-"""How long dropping the ranges past retention may wait for the readers of their generation
+"""How long detaching the ranges past retention may wait for the readers of their generation
 (and hold back the readers queued behind it) before their cells are deleted instead."""
 
 
@@ -519,7 +520,8 @@ class Expired(NamedTuple):
     deleted: int
     """Cells deleted row by row (in ranges holding kept cells too)."""
     dropped: int
-    """Time ranges dropped whole (their cells not counted: that would read them all)."""
+    """Time ranges removed whole (their cells not counted: that would read them all):
+    detached, and dropped once the publication commits (`drop_detached_ranges`)."""
 
 
 def expire_cells(
@@ -530,8 +532,9 @@ def expire_cells(
 ) -> Expired:
     """Remove from `generation` the cells retention no longer keeps after a publication
     (`watermarks`: each plan's new W; `expiries`), in the caller's transaction, which should
-    commit right after. The time ranges whose every cell is past retention are dropped whole
-    (`_drop_ranges`); the others lose their expired rows."""
+    commit right after. The time ranges whose every cell is past retention are detached whole
+    (`_detach_ranges`; the runner drops them after the commit); the others lose their expired
+    rows."""
     found = expiries(plans, watermarks)
     kept_from: dict[int, dict[tuple[str, str], int]] = {}
     for expiry in found:
@@ -564,7 +567,7 @@ def expire_cells(
                 ).format(sql.Identifier(r.table(generation))),
                 [expiry.plan.name, expiry.plan.version, r.window_ms, expiry.kept_from],
             ).rowcount
-    if _drop_ranges(conn, [r.table(generation) for r in droppable]):
+    if _detach_ranges(conn, generation, [r.table(generation) for r in droppable]):
         return Expired(deleted, len(droppable))
     for r in droppable:
         deleted += conn.execute(
@@ -593,19 +596,25 @@ def _metrics_in(
         yield after
 
 
-def _drop_ranges(conn: psycopg.Connection[Any], tables: Sequence[str]) -> bool:
-    """Drop the ranges' tables whose cells are all past retention, in one statement; whether
-    they were dropped. Dropping a partition locks its generation's table against readers
-    until the commit, so the drop waits for them at most `DROP_LOCK_TIMEOUT`; past that it
-    gives up (the caller deletes their cells instead)."""
+def _detach_ranges(conn: psycopg.Connection[Any], generation: int, tables: Sequence[str]) -> bool:
+    """Detach the ranges' tables whose cells are all past retention; whether they were.
+    Detaching locks the generation's table against readers until the commit, so it waits for
+    them at most `DROP_LOCK_TIMEOUT`; past that it gives up (the caller deletes their cells
+    instead). The runner drops the detached tables after the commit (`drop_detached_ranges`),
+    so the commit that readers wait for unlinks no files."""
     if not tables:
         return True
+    parent = sql.Identifier(generation_table(generation))
     previous = conn.execute("SELECT current_setting('lock_timeout')").fetchone()[0]  # type: ignore[index]
     try:
-        with conn.transaction():  # a savepoint: a timed-out drop rolls back to here
+        with conn.transaction():  # a savepoint: a timed-out detach rolls back to here
             conn.execute("SELECT set_config('lock_timeout', %s, true)", [DROP_LOCK_TIMEOUT])
-            names = sql.SQL(", ").join(sql.Identifier(table) for table in tables)
-            conn.execute(sql.SQL("DROP TABLE {}").format(names))
+            for table in tables:
+                conn.execute(
+                    sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(
+                        parent, sql.Identifier(table)
+                    )
+                )
             conn.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
     except psycopg.errors.LockNotAvailable:
         return False

@@ -28,9 +28,10 @@ Figures per view:
   stored cells, merge, upsert, flip) of one new hour of every key's cells (a fixed 600 keys
   x (60 + 1 + 1) cells whatever the view's size), median of 5 consecutive hours;
 - `drop_week_s`: retention removing the view's first week of 1m cells (`expire_cells`: one
-  time range dropped whole), `delete_day_s`: its eighth day a day later (rows deleted from
-  the next range; `_deleted` and `_dropped` beside: the cells each deleted and the ranges it
-  dropped), and `vacuum_s`: the VACUUM of the
+  time range detached whole, and the commit; what readers of the generation wait for),
+  `delete_day_s`: its eighth day a day later (rows deleted from the next range; `_deleted`
+  and `_dropped` beside: the cells each deleted and the ranges it removed; `_after_s`: the
+  detached tables dropped after the commit, as the runner does), and `vacuum_s`: the VACUUM of the
   generation after that DELETE; `ranges`: the generation's tables (1m split by week, 1h and
   1d kept forever in one each);
   `vacuum_after_load_s`: the VACUUM (ANALYZE) autovacuum would run after the load (run by the
@@ -63,6 +64,7 @@ from shared.config import Settings
 from shared.db.cell_tables import (
     add_time_ranges,
     create_generation,
+    drop_detached_ranges,
     index_generation,
     split_windows,
     time_ranges,
@@ -280,6 +282,9 @@ def expire(conn: psycopg.Connection[Any], plan: MetricPlan) -> dict[str, float]:
             expired = expire_cells(conn, generation, [plan], {plan.name: watermark})
         figures[f"{name}_s"] = time.monotonic() - started
         figures[f"{name}_deleted"], figures[f"{name}_dropped"] = expired
+        started = time.monotonic()
+        drop_detached_ranges(conn)
+        figures[f"{name}_after_s"] = time.monotonic() - started
     started = time.monotonic()
     conn.execute(sql.SQL("VACUUM {}").format(sql.Identifier(f"batch_cells_g{generation}")))
     figures["vacuum_s"] = time.monotonic() - started

@@ -245,6 +245,30 @@ def index_generation(conn: psycopg.Connection[Any], generation: int) -> None:
     )
 
 
+def drop_detached_ranges(conn: psycopg.Connection[Any]) -> list[str]:
+    """Drop the time ranges retention detached from their generation, each in a transaction
+    of its own, after the publication that detached them committed; returns their names.
+    Dropping a large table inside the publication would hold the generation's lock through
+    the commit while its files are unlinked (~1 ms per MB here: 3 s for a week of 1-minute
+    cells at 10^8), and every reader of the generation would wait; detached, nobody reads it.
+    Also drops what a crash between the two left behind. Only the runner calls it (one at a
+    time, on a connection with no transaction open: it commits): a range being built is
+    attached in the transaction that creates it."""
+    names = [
+        name
+        for (name,) in conn.execute(
+            "SELECT relname FROM pg_class WHERE relkind = 'r' AND NOT relispartition "
+            "AND relname ~ %s AND pg_table_is_visible(oid) ORDER BY relname",
+            [r"^batch_cells_g\d+_w\d+_"],
+        ).fetchall()
+    ]
+    conn.commit()
+    for name in names:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+        conn.commit()
+    return names
+
+
 def partitions_of(conn: psycopg.Connection[Any], parent: str) -> list[str]:
     """The names of the tables attached to the partitioned table `parent`."""
     rows = conn.execute(

@@ -22,7 +22,13 @@ from batch_layer.publish import (
     publish_incremental,
     publish_range,
 )
-from shared.db.cell_tables import DAY_MS, TimeRange, split_windows, time_ranges
+from shared.db.cell_tables import (
+    DAY_MS,
+    TimeRange,
+    drop_detached_ranges,
+    split_windows,
+    time_ranges,
+)
 from shared.db.cells import BatchCell
 from shared.db.connect import connect
 from shared.metric_plan import MetricPlan
@@ -161,6 +167,18 @@ def test_retention_drops_a_range_wholly_past_it_and_deletes_within_the_next(
         assert removed == Expired(84 + 21 - len(_kept(plan, watermark)) - 28, 1)
         assert TimeRange(MINUTE, T0, T0 + 7 * DAY_MS) not in time_ranges(conn, generation)
         assert TimeRange(MINUTE, T0 + 7 * DAY_MS, T0 + 14 * DAY_MS) in time_ranges(conn, generation)
+        # detached by the publication, dropped after it (by the runner; or by the next run,
+        # had it crashed in between): the commit readers waited for unlinked no file
+        first_week = TimeRange(MINUTE, T0, T0 + 7 * DAY_MS).table(generation)
+        assert _exists(conn, first_week)
+        assert drop_detached_ranges(conn) == [first_week]
+        assert not _exists(conn, first_week)
+        assert drop_detached_ranges(conn) == []
+        assert _stored(conn) == _kept(plan, watermark)
+
+
+def _exists(conn: psycopg.Connection[Any], table: str) -> bool:
+    return conn.execute("SELECT to_regclass(%s)", [table]).fetchone() != (None,)
 
 
 def test_a_drop_that_would_wait_on_a_reader_deletes_instead(platform: Platform) -> None:
