@@ -129,11 +129,21 @@ def _lso_reaches(
 
 
 def _admin_latest(admin: AdminClient, topic: str, isolation: IsolationLevel) -> int:
+    """The partition's latest offset by the admin API. It first asks a broker for the
+    partition's leader, and on a cluster that broker may not know a new topic's leader yet
+    ("No leaders found", not retried by the client): asked again for up to 10 s."""
     tp = TopicPartition(topic, 0)
-    futures = admin.list_offsets(
-        {tp: OffsetSpec.latest()}, isolation_level=isolation, request_timeout=10
-    )
-    return int(futures[tp].result().offset)
+    deadline = time.monotonic() + 10
+    while True:
+        futures = admin.list_offsets(
+            {tp: OffsetSpec.latest()}, isolation_level=isolation, request_timeout=10
+        )
+        try:
+            return int(futures[tp].result().offset)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError._NOENT or time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
 
 
 def _read_to_eof(consumer: Consumer, settle_s: float = 1.0, timeout: float = 10.0) -> list[Message]:
