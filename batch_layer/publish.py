@@ -509,7 +509,7 @@ def retained_cells(
     return cells if expired is None else cells.filter(pc.invert(expired))
 
 
-DROP_LOCK_TIMEOUT = "500ms"
+DETACH_LOCK_TIMEOUT = "500ms"
 """How long detaching the ranges past retention may wait for the readers of their generation
 (and hold back the readers queued behind it) before their cells are deleted instead."""
 
@@ -599,7 +599,7 @@ def _metrics_in(
 def _detach_ranges(conn: psycopg.Connection[Any], generation: int, tables: Sequence[str]) -> bool:
     """Detach the ranges' tables whose cells are all past retention; whether they were.
     Detaching locks the generation's table against readers until the commit, so it waits for
-    them at most `DROP_LOCK_TIMEOUT`; past that it gives up (the caller deletes their cells
+    them at most `DETACH_LOCK_TIMEOUT`; past that it gives up (the caller deletes their cells
     instead). The runner drops the detached tables after the commit (`drop_detached_ranges`),
     so the commit that readers wait for unlinks no files."""
     if not tables:
@@ -608,7 +608,7 @@ def _detach_ranges(conn: psycopg.Connection[Any], generation: int, tables: Seque
     previous = conn.execute("SELECT current_setting('lock_timeout')").fetchone()[0]  # type: ignore[index]
     try:
         with conn.transaction():  # a savepoint: a timed-out detach rolls back to here
-            conn.execute("SELECT set_config('lock_timeout', %s, true)", [DROP_LOCK_TIMEOUT])
+            conn.execute("SELECT set_config('lock_timeout', %s, true)", [DETACH_LOCK_TIMEOUT])
             for table in tables:
                 conn.execute(
                     sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(

@@ -81,7 +81,7 @@ def _pg_shared_buffers_mb() -> int:
     served view's recent cells, which dashboards poll, were read through the kernel's page cache,
     a system call per page: a 60-cell series read over 10^8 cells touches ~300 pages."""
     quarter_mb = memory_bytes() // 4 // 2**20
-    return int(min(max(quarter_mb, 128), 8192))
+    return min(max(quarter_mb, 128), 8192)
 
 
 def memory_bytes() -> int:
