@@ -52,6 +52,7 @@ from tests.e2e.support import (
     on_services,
     private_services,
     ready,
+    series_mismatches,
     spawn,
     stop_group,
     until,
@@ -575,19 +576,12 @@ def _series_mismatches(
     points = 0
     for metric, key, start, end, body in series:
         assert body["speed_status"] == "ok", body["speed_status"]
-        got = {p["start"]: p for p in body["points"]}
-        for window_start in range(start, end, MINUTE):
-            cell = (metric, MINUTE, window_start, tuple(key.values()))
-            side = everything if window_start + MINUTE <= watermarks[metric] else non_late
-            want = side.get(cell)
-            point = got.pop(format_time(window_start), None)
-            if want is None or point is None:
-                if want is not None or point is not None:
-                    mismatches.append(f"{cell}: want {want}, got {point}")
-                continue
-            points += 1
-            fields = {k: v for k, v in point.items() if k not in ("start", "end", "source")}
-            mismatches += oracle.compare({cell: want}, {cell: fields})
+
+        compared, found = series_mismatches(
+            body, metric, key, (start, end), watermarks[metric], everything, non_late
+        )
+        points += compared
+        mismatches += found
     return points, mismatches
 
 

@@ -25,6 +25,7 @@ import httpx
 from batch_layer import execute_run
 from lambdactl.generator import GeneratorSpec, generate, produce
 from lambdactl.stack import stack_down, stack_up
+from serving_layer.timefmt import format_time
 from shared.config import Settings
 from shared.db.runs import RunRequest
 from tests import oracle
@@ -32,6 +33,7 @@ from tests.batch.helpers import oracle_mismatches, queue, run_record, served_vie
 from tests.conftest import TEST_REDIS_DB, Platform, reconfigured
 from tests.speed.support import speed_cells
 
+MINUTE = 60_000
 SHORT_BACKOFFS: dict[str, dict[str, Any]] = {
     "speed": {"watermark_refresh_s": 1.0, "outage_backoff_s": 0.2, "outage_backoff_max_s": 2.0},
     "batch": {
@@ -180,18 +182,16 @@ class EventStream:
     all with the idempotent producer of `lambdactl produce`. `sent` counts the acknowledged
     events."""
 
-    MINUTE = 60_000
-
     def __init__(self, bootstrap: str, topic: str) -> None:
         self.bootstrap, self.topic = bootstrap, topic
-        self.now = int(time.time() * 1000) // self.MINUTE * self.MINUTE
-        history = GeneratorSpec(self.now - 90 * self.MINUTE, self.now - 30 * self.MINUTE, 4000)
+        self.now = int(time.time() * 1000) // MINUTE * MINUTE
+        history = GeneratorSpec(self.now - 90 * MINUTE, self.now - 30 * MINUTE, 4000)
         self.sent = produce(bootstrap, topic, generate(history))
         self._thread = threading.Thread(target=self._stream)
 
     def _stream(self) -> None:
         for chunk in range(12):
-            spec = GeneratorSpec(self.now - 30 * self.MINUTE, self.now, 1500, seed=100 + chunk)
+            spec = GeneratorSpec(self.now - 30 * MINUTE, self.now, 1500, seed=100 + chunk)
             self.sent += produce(self.bootstrap, self.topic, generate(spec))
             time.sleep(0.5)
 
@@ -237,3 +237,31 @@ def settles_exactly(platform: Platform, spark: Any, events: EventStream, mode: s
     assert run_record(settings, run_id).status == "succeeded"
     assert oracle_mismatches(settings, platform.config) == []
     assert speed_mismatches_after_w(platform, records) == []
+
+
+def series_mismatches(
+    body: Mapping[str, Any],
+    metric: str,
+    key: Mapping[str, str],
+    span: tuple[int, int],
+    watermark: int,
+    batch_want: Mapping[Any, Any],
+    speed_want: Mapping[Any, Any],
+) -> tuple[int, list[str]]:
+    """A merged 1m series answer over `span` against the oracle (rule 8: `batch_want` for the
+    windows that end by W, `speed_want` after); returns (points compared, mismatches)."""
+    got = {p["start"]: p for p in body["points"]}
+    mismatches: list[str] = []
+    points = 0
+    for window_start in range(*span, MINUTE):
+        cell = (metric, MINUTE, window_start, tuple(key.values()))
+        want = (batch_want if window_start + MINUTE <= watermark else speed_want).get(cell)
+        point = got.pop(format_time(window_start), None)
+        if want is None or point is None:
+            if want is not None or point is not None:
+                mismatches.append(f"{cell}: want {want}, got {point}")
+            continue
+        points += 1
+        fields = {k: v for k, v in point.items() if k not in ("start", "end", "source")}
+        mismatches += oracle.compare({cell: want}, {cell: fields})
+    return points, mismatches

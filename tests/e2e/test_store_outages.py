@@ -41,7 +41,16 @@ from shared.speed_view import EPOCH_KEY
 from tests import oracle
 from tests.batch.helpers import oracle_mismatches, queue, run_record, served_view
 from tests.conftest import Platform
-from tests.e2e.support import free_port, gauge, on_services, private_services, ready, spawn, until
+from tests.e2e.support import (
+    free_port,
+    gauge,
+    on_services,
+    private_services,
+    ready,
+    series_mismatches,
+    spawn,
+    until,
+)
 from tests.speed.support import (
     fences,
     speed_cells,
@@ -356,19 +365,11 @@ def _check_cells(platform: Platform, records: list[oracle.Record], api: str) -> 
         assert response.status_code == 200, response.text
         body = response.json()
         assert body["speed_status"] == "ok", body["speed_status"]
-        got = {p["start"]: p for p in body["points"]}
-        w = watermarks[metric]
-        for window_start in range(start, end, MINUTE):
-            cell = (metric, MINUTE, window_start, tuple(key.values()))
-            want = (batch_want if window_start + MINUTE <= w else speed_want).get(cell)
-            point = got.pop(format_time(window_start), None)
-            if want is None or point is None:
-                if want is not None or point is not None:
-                    mismatches.append(f"{cell}: want {want}, got {point}")
-                continue
-            points += 1
-            fields = {k: v for k, v in point.items() if k not in ("start", "end", "source")}
-            mismatches += oracle.compare({cell: want}, {cell: fields})
+        compared, found = series_mismatches(
+            body, metric, key, (start, end), watermarks[metric], batch_want, speed_want
+        )
+        points += compared
+        mismatches += found
     assert mismatches == []
     assert points >= 50, points
 
