@@ -327,22 +327,46 @@ def _load_cells(
     generation: int,
     cells: pa.Table | Iterable[BatchCell],
 ) -> int:
-    """COPY the cells into the generation's table: an Arrow table as CSV written by Arrow (no
-    per-row Python; measured ~2 s less than row by row for 66k cells), rows as given."""
+    """COPY the cells into the generation's table in `HEAP_ORDER`: an Arrow table as CSV
+    written by Arrow (no per-row Python; measured ~2 s less than row by row for 66k cells)."""
     columns = sql.SQL(_CELL_COLUMNS)
     if isinstance(cells, pa.Table):
         copy_csv(
             conn,
             sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(table, columns),
-            (_cells_as_text(batch, generation) for batch in cells.to_batches(50_000)),
+            (_cells_as_text(batch, generation) for batch in _in_heap_order(cells)),
         )
         return cells.num_rows
     written = 0
     with conn.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN").format(table, columns)) as copy:
-        for cell in cells:
+        for cell in sorted(cells, key=_heap_key):
             copy.write_row((generation, *cell.columns()))
             written += 1
     return written
+
+
+HEAP_ORDER = ("metric", "version", "window_ms", "key", "start_ms")
+"""The order a publication writes cells in: within each time range of the generation (rows go
+to their range's table as they come), a key's consecutive cells sit together on the heap, so a
+series reads a page or two per key and range instead of a page per cell — what a read of an old
+range waits for once the view outgrows memory (docs/performance.md, "batch view"). The primary
+key, time-major for `top` and sliced reads, is built after the load whatever the order."""
+_COPY_BATCH = 50_000
+
+
+def _in_heap_order(cells: pa.Table) -> Iterator[pa.RecordBatch]:
+    """`cells` in `HEAP_ORDER`, a batch at a time (taken batch by batch: the sorted table is
+    never whole in memory beside the cells). A key sorts by its array literal (Arrow sorts no
+    lists; any order of keys does, as long as a key's cells are together)."""
+    columns = {name: cells.column(name) for name in HEAP_ORDER if name != "key"}
+    columns["key"] = _pg_array(cells.column("key").combine_chunks(), _quoted)
+    order = pc.sort_indices(pa.table(columns), sort_keys=[(n, "ascending") for n in HEAP_ORDER])
+    for at in range(0, cells.num_rows, _COPY_BATCH):
+        yield from cells.take(order.slice(at, _COPY_BATCH)).combine_chunks().to_batches()
+
+
+def _heap_key(cell: BatchCell) -> tuple[Any, ...]:
+    return (cell.metric, cell.version, cell.window_ms, tuple(cell.key), cell.start_ms)
 
 
 def _cells_as_text(batch: pa.RecordBatch, generation: int) -> pa.Table:
@@ -682,12 +706,16 @@ def _upsert_staged(conn: psycopg.Connection[Any], generation: int) -> None:
             INSERT INTO batch_cells ({columns})
             SELECT %s, metric, version, window_ms, start_ms, key, count, sum, min, max,
                    sketches, sketch_summaries FROM staged_cells
+            ORDER BY {order}
             ON CONFLICT (generation, metric, version, window_ms, start_ms, key) DO UPDATE SET
                 count = excluded.count, sum = excluded.sum, min = excluded.min,
                 max = excluded.max, sketches = excluded.sketches,
                 sketch_summaries = excluded.sketch_summaries
             """
-        ).format(columns=sql.SQL(_CELL_COLUMNS)),
+        ).format(
+            columns=sql.SQL(_CELL_COLUMNS),
+            order=sql.SQL(", ").join(sql.Identifier(name) for name in HEAP_ORDER),
+        ),
         [generation],
     )
 

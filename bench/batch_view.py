@@ -7,9 +7,9 @@ stack's PostgreSQL, measured the same way:
 The cells are generated inside PostgreSQL (`INSERT ... SELECT generate_series`: producing 10^8
 cells' worth of events and running Spark over them takes hours on 2 cores; the stored cells are
 the same rows either way) for one plain metric (`views`: key [page], count/sum/min/max, windows
-1m/1h/1d) over `DAYS` days, as many keys as the size needs, in time order (each minute's
-cells of every key in turn): a key's cells as scattered over the pages as an hourly
-incremental run leaves them (its hour of cells comes in no key order). The generation is then
+1m/1h/1d) over `DAYS` days, as many keys as the size needs, in the order hourly incremental
+runs write them (`HEAP_ORDER`: each hour's cells key by key, a key's 60 minutes together; a
+full run writes a key's whole range together, fewer pages still). The generation is then
 laid out in time ranges, keyed and indexed (`index_generation`), attached and published as a
 full run does (`_flip`).
 
@@ -21,7 +21,9 @@ Figures per view:
   1m) and a 1,440-cell (a day at 1m) series, the very statement the API sends (`SERIES_SQL`,
   prepared, served row and cells in one statement), each for a random key and start (no
   answer cached), after as many unmeasured reads; p50 beside; `_pages`: the 8 KiB pages one
-  read touches. Two patterns: `recent`, starts in the view's last 2 days (what dashboards
+  read touches (a page as often as it is touched), `_heap_pages`: the distinct heap pages its
+  cells are on (what comes from disk once the view outgrows memory, beside the index's
+  leaves). Two patterns: `recent`, starts in the view's last 2 days (what dashboards
   poll), and `any`, starts anywhere in it (the worst case: once the view outgrows memory,
   most of those pages come from disk);
 - `incr_publish_ms`: an incremental run's publication (`publish_incremental`: stage, read the
@@ -84,15 +86,17 @@ NEW_KEYS = 600
 _GENERATE = """
 INSERT INTO {table} (generation, metric, version, window_ms, start_ms, key, count, sum, min,
                      max, sketches, sketch_summaries)
-SELECT %(generation)s, %(metric)s, %(version)s, w.size, %(t0)s + s * w.size,
-       ARRAY['/page/' || lpad(k::text, 6, '0')], 1 + (k * 7 + s) %% 50,
-       ((k * 13 + s) %% 1000) * 1.5, 0.5, 499.5, '{{}}'::bytea[], '{{}}'::float8[]
-FROM (VALUES (%(m)s::bigint, %(minutes)s), (%(h)s::bigint, %(hours)s),
-             (%(d)s::bigint, %(days)s)) AS w(size, n)
-CROSS JOIN LATERAL generate_series(0, w.n - 1) AS s
-CROSS JOIN LATERAL generate_series(0, %(keys)s - 1 + 0 * s) AS k
+SELECT %(generation)s, %(metric)s, %(version)s, w.size, %(t0)s + (c * w.per + j) * w.size,
+       ARRAY['/page/' || lpad(k::text, 6, '0')], 1 + (k * 7 + c * w.per + j) %% 50,
+       ((k * 13 + c * w.per + j) %% 1000) * 1.5, 0.5, 499.5, '{{}}'::bytea[], '{{}}'::float8[]
+FROM (VALUES (%(m)s::bigint, %(hours)s, 60), (%(h)s::bigint, %(hours)s, 1),
+             (%(d)s::bigint, %(days)s, 1)) AS w(size, chunks, per)
+CROSS JOIN LATERAL generate_series(0, w.chunks - 1) AS c
+CROSS JOIN LATERAL generate_series(0, %(keys)s - 1 + 0 * c) AS k
+CROSS JOIN LATERAL generate_series(0, w.per - 1 + 0 * k) AS j
 """
-"""Time-major: the lateral series are evaluated in order, each minute's keys in turn."""
+"""An hourly run's order: the lateral series are evaluated in order, so each hour (a day for
+1d) holds every key's cells in turn, a key's 60 minutes together (`HEAP_ORDER`)."""
 
 
 def view_plan() -> MetricPlan:
@@ -138,7 +142,6 @@ def load(conn: psycopg.Connection[Any], plan: MetricPlan, keys: int) -> dict[str
                 "m": MINUTE,
                 "h": HOUR,
                 "d": DAY,
-                "minutes": DAYS * 1440,
                 "hours": DAYS * 24,
                 "days": DAYS,
                 "keys": keys,
@@ -225,7 +228,19 @@ def reads(
         sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + sql.SQL(SERIES_SQL), params()
     ).fetchone()[0][0]["Plan"]  # type: ignore[index]
     pages = explained["Shared Hit Blocks"] + explained["Shared Read Blocks"]
-    return {"p50_ms": pct(latencies, 0.5), "p99_ms": pct(latencies, 0.99), "pages": pages}
+    asked = params()
+    heap_pages = conn.execute(
+        "SELECT count(DISTINCT (tableoid, (ctid::text::point)[0])) FROM batch_cells "
+        "WHERE generation = %(generation)s AND metric = %(metric)s AND version = %(version)s "
+        f"AND window_ms = {MINUTE} AND key = %(key)s AND start_ms = ANY(%(starts)s)",
+        asked,
+    ).fetchone()[0]  # type: ignore[index]
+    return {
+        "p50_ms": pct(latencies, 0.5),
+        "p99_ms": pct(latencies, 0.99),
+        "pages": pages,
+        "heap_pages": heap_pages,
+    }
 
 
 def incremental_publications(conn: psycopg.Connection[Any], plan: MetricPlan) -> float:

@@ -7,11 +7,14 @@ that would wait on a reader deletes instead; every kept cell stays as it was."""
 
 from __future__ import annotations
 
+import random
 import threading
 import time
+from itertools import groupby
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import pytest
 
 from batch_layer.publish import (
@@ -22,6 +25,7 @@ from batch_layer.publish import (
     publish_incremental,
     publish_range,
 )
+from batch_layer.run_plan import CELL_SCHEMA
 from shared.db.cell_tables import (
     DAY_MS,
     TimeRange,
@@ -133,6 +137,70 @@ def test_a_generation_is_loaded_into_ranges_and_publications_add_what_they_need(
         )
         new = {(MINUTE, T0 + 22 * DAY_MS, 1), (MINUTE, T0 + 21 * DAY_MS, 1), (MINUTE, T0 - HOUR, 1)}
         assert _stored(conn) == before | new
+
+
+def _key_runs(conn: psycopg.Connection[Any], generation: int) -> dict[str, list[str]]:
+    """Per time range's table of `generation`: the pages of its 1m cells in heap order (by
+    ctid), a key's consecutive cells written as one run of its page."""
+    runs: dict[str, list[str]] = {}
+    for r in time_ranges(conn, generation):
+        if r.window_ms != MINUTE:
+            continue
+        table = r.table(generation)
+        keys = conn.execute(f'SELECT key[1] FROM "{table}" ORDER BY ctid').fetchall()
+        runs[table] = [page for page, _ in groupby(k for (k,) in keys)]
+    return runs
+
+
+@pytest.mark.parametrize("as_arrow", [True, False], ids=["arrow", "rows"])
+def test_a_publication_writes_each_ranges_cells_key_by_key(
+    platform: Platform, as_arrow: bool
+) -> None:
+    """`HEAP_ORDER`: a series of one key reads a page or two per range, not a page per cell,
+    however the run handed its cells over (a full run's Arrow table comes in Spark's order)."""
+    plan = _plan(platform)
+    pages = [f"/{i:03d}" for i in range(40)]
+    cells = [
+        _cell(plan, MINUTE, T0 + d * DAY_MS + m * MINUTE, page)
+        for d in range(10)
+        for m in range(30)
+        for page in pages
+    ]
+    random.Random(7).shuffle(cells)
+    handed: pa.Table | list[BatchCell] = cells
+    if as_arrow:
+        handed = pa.Table.from_pylist(
+            [dict(zip(CELL_SCHEMA.names, c.columns(), strict=True)) for c in cells], CELL_SCHEMA
+        )
+    with connect(platform.settings.postgres.url) as conn:
+        generation, written = publish_full_generation(
+            conn, handed, [], [], _publication(plan, T0 + 11 * DAY_MS, 1), split_windows([plan])
+        )
+        conn.commit()
+        assert written == len(cells)
+        runs = _key_runs(conn, generation)
+        assert len(runs) == 2  # days 0-6 and 7-9
+        for table, keys in runs.items():
+            assert sorted(keys) == pages, f"{table}: a key's cells are not together: {keys[:20]}"
+        hour = [
+            _cell(plan, MINUTE, T0 + 10 * DAY_MS + m * MINUTE, page)
+            for m in range(60)
+            for page in pages
+        ]
+        random.Random(8).shuffle(hour)
+        publish_incremental(
+            conn,
+            generation,
+            {plan.source.topic: {"0": 1}},
+            hour,
+            [],
+            _publication(plan, T0 + 11 * DAY_MS, 2),
+            {plan.name: plan.kinds},
+        )
+        conn.commit()
+        second = next(r for r in time_ranges(conn, generation) if r.holds(T0 + 10 * DAY_MS))
+        appended = _key_runs(conn, generation)[second.table(generation)]
+        assert appended[len(pages) :] == pages  # the new hour after the run's, key by key
 
 
 def _expire(platform: Platform, plan: MetricPlan, watermark: int) -> tuple[int, Expired]:
