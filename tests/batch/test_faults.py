@@ -31,7 +31,7 @@ from tests.batch.helpers import (
 )
 from tests.conftest import Platform
 
-pytestmark = [pytest.mark.services, pytest.mark.long(120), pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.services, pytest.mark.long(240), pytest.mark.timeout(900)]
 
 
 def _state(settings: Settings) -> tuple[Any, ...]:

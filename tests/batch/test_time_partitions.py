@@ -169,9 +169,10 @@ def test_a_publication_writes_each_ranges_cells_key_by_key(
     random.Random(7).shuffle(cells)
     handed: pa.Table | list[BatchCell] = cells
     if as_arrow:
-        handed = pa.Table.from_pylist(
+        table = pa.Table.from_pylist(
             [dict(zip(CELL_SCHEMA.names, c.columns(), strict=True)) for c in cells], CELL_SCHEMA
-        )
+        )  # in chunks, as a run's table comes from Spark's batches
+        handed = pa.Table.from_batches(table.to_batches(max_chunksize=1000), CELL_SCHEMA)
     with connect(platform.settings.postgres.url) as conn:
         generation, written = publish_full_generation(
             conn, handed, [], [], _publication(plan, T0 + 11 * DAY_MS, 1), split_windows([plan])
