@@ -73,6 +73,26 @@ def _publication(plan: MetricPlan, watermark: int, offset: int) -> Publication:
     )
 
 
+def _publish_incremental(
+    conn: psycopg.Connection[Any],
+    plan: MetricPlan,
+    generation: int,
+    cells: list[BatchCell],
+    watermark: int,
+) -> None:
+    """An incremental publication of `cells` into `generation` (after the full one), committed."""
+    publish_incremental(
+        conn,
+        generation,
+        {plan.source.topic: {"0": 1}},
+        cells,
+        [],
+        _publication(plan, watermark, 2),
+        {plan.name: plan.kinds},
+    )
+    conn.commit()
+
+
 def _stored(conn: psycopg.Connection[Any]) -> set[tuple[int, int, int]]:
     return set(
         conn.execute(
@@ -117,16 +137,7 @@ def test_a_generation_is_loaded_into_ranges_and_publications_add_what_they_need(
         conn.commit()
         before = _stored(conn)
         later = [_cell(plan, MINUTE, T0 + 22 * DAY_MS), _cell(plan, MINUTE, T0 + 21 * DAY_MS, "/b")]
-        publish_incremental(
-            conn,
-            generation,
-            {plan.source.topic: {"0": 1}},
-            later,
-            [],
-            _publication(plan, T0 + 23 * DAY_MS, 2),
-            {plan.name: plan.kinds},
-        )
-        conn.commit()
+        _publish_incremental(conn, plan, generation, later, T0 + 23 * DAY_MS)
         publish_range(
             conn, generation, {plan.source.topic: {"0": 2}}, [], [_cell(plan, MINUTE, T0 - HOUR)]
         )
@@ -189,16 +200,7 @@ def test_a_publication_writes_each_ranges_cells_key_by_key(
             for page in pages
         ]
         random.Random(8).shuffle(hour)
-        publish_incremental(
-            conn,
-            generation,
-            {plan.source.topic: {"0": 1}},
-            hour,
-            [],
-            _publication(plan, T0 + 11 * DAY_MS, 2),
-            {plan.name: plan.kinds},
-        )
-        conn.commit()
+        _publish_incremental(conn, plan, generation, hour, T0 + 11 * DAY_MS)
         second = next(r for r in time_ranges(conn, generation) if r.holds(T0 + 10 * DAY_MS))
         appended = _key_runs(conn, generation)[second.table(generation)]
         assert appended[len(pages) :] == pages  # the new hour after the run's, key by key
