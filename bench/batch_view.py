@@ -224,11 +224,11 @@ def reads(
         assert len(rows) == cells and rows[0][3] == MINUTE, (asked["key"], len(rows))
         if i >= n:
             latencies.append(elapsed)
+    asked = params()
     explained = conn.execute(
-        sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + sql.SQL(SERIES_SQL), params()
+        sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + sql.SQL(SERIES_SQL), asked
     ).fetchone()[0][0]["Plan"]  # type: ignore[index]
     pages = explained["Shared Hit Blocks"] + explained["Shared Read Blocks"]
-    asked = params()
     heap_pages = conn.execute(
         "SELECT count(DISTINCT (tableoid, (ctid::text::point)[0])) FROM batch_cells "
         "WHERE generation = %(generation)s AND metric = %(metric)s AND version = %(version)s "

@@ -47,6 +47,7 @@ from tests import oracle
 from tests.batch.helpers import as_points, served_view
 from tests.conftest import Platform, reconfigured
 from tests.e2e.support import (
+    MINUTE,
     free_port,
     kill_group,
     on_services,
@@ -59,7 +60,6 @@ from tests.e2e.support import (
 )
 from tests.speed.support import speed_cells, wait_until_applied
 
-MINUTE = 60_000
 RATE_PER_S = 200
 """Events produced per second while no check runs."""
 TICK_S = 0.25

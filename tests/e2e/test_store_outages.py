@@ -42,6 +42,7 @@ from tests import oracle
 from tests.batch.helpers import oracle_mismatches, queue, run_record, served_view
 from tests.conftest import Platform
 from tests.e2e.support import (
+    MINUTE,
     free_port,
     gauge,
     on_services,
@@ -61,7 +62,6 @@ from tests.speed.support import (
 
 pytestmark = [pytest.mark.services, pytest.mark.long(100), pytest.mark.timeout(600)]
 
-MINUTE = 60_000
 OUTAGE_S = 12.0
 READY_WITHIN_S = 10.0
 
