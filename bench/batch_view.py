@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from batch_layer.publish import Publication, _flip, expire_cells, publish_incremental
 from bench.common import log, pct, with_db
 from lambdactl.stack import stack_up
-from serving_layer.batch_view import SERIES_SQL
+from serving_layer.batch_view import SERIES_SQL, CellQuery, ServedRow
 from shared.config import Settings
 from shared.db.cell_tables import (
     add_time_ranges,
@@ -74,6 +74,7 @@ from shared.db.cell_tables import (
 from shared.db.cells import BatchCell
 from shared.db.migrate import upgrade
 from shared.metric_plan import MetricPlan
+from shared.windows import CellRef
 from tests.conftest import drop_database
 
 MINUTE, HOUR, DAY = 60_000, 3_600_000, 86_400_000
@@ -202,18 +203,15 @@ def reads(
     rng = random.Random(cells * days)
     first_minute = (DAYS - days) * 1440
 
+    served = ServedRow(stamp, generation, None)
+
     def params() -> dict[str, Any]:
         first = T0 + (first_minute + rng.randrange(days * 1440 - cells)) * MINUTE
-        return {
-            "metric": plan.name,
-            "version": plan.version,
-            "x": stamp,
-            "generation": generation,
-            "key": [f"/page/{rng.randrange(keys):06d}"],
-            "needs": [False] * cells,
-            "sizes": [MINUTE] * cells,
-            "starts": [first + j * MINUTE for j in range(cells)],
-        }
+        refs = [CellRef(MINUTE, first + j * MINUTE) for j in range(cells)]
+        key = [f"/page/{rng.randrange(keys):06d}"]
+        return CellQuery.one_key(key, dict.fromkeys(refs, False)).bound(
+            plan.name, plan.version, served
+        )
 
     latencies = []
     for i in range(2 * n):

@@ -111,7 +111,7 @@ from batch_layer.run_plan import CELL_SCHEMA  # noqa: E402
 from bench.broker_usage import BrokerUsage  # noqa: E402
 from bench.common import Errors, RawHttp, clock, free_port, pct, with_db  # noqa: E402
 from lambdactl.stack import stack_up  # noqa: E402
-from serving_layer.batch_view import SERIES_SQL  # noqa: E402
+from serving_layer.batch_view import SERIES_SQL, CellQuery, ServedRow  # noqa: E402
 from serving_layer.merged_view import MergedView  # noqa: E402
 from serving_layer.read_plan import split_starts  # noqa: E402
 from serving_layer.timefmt import format_time  # noqa: E402
@@ -122,6 +122,7 @@ from shared.db.migrate import upgrade  # noqa: E402
 from shared.gc_tuning import freeze_startup_objects  # noqa: E402
 from shared.metric_plan import MetricPlan, versions_of  # noqa: E402
 from shared.speed_view import EPOCH_KEY, cell_key, encode_key, fence_key  # noqa: E402
+from shared.windows import CellRef  # noqa: E402
 
 MINUTE, HOUR, DAY = 60_000, 3_600_000, 86_400_000
 GRACE = 2 * MINUTE
@@ -481,16 +482,9 @@ async def raw_reads_ms(settings: Settings, newest: int, page: str, repeats: int 
         assert served is not None
         generation, watermark, stamp = served
         batch, _, speed = split_starts(range(newest - DAY, newest, MINUTE), MINUTE, watermark)
-        params = {
-            "metric": metric.name,
-            "version": version,
-            "generation": generation,
-            "x": stamp,
-            "key": [page],
-            "sizes": [MINUTE] * len(batch),
-            "starts": list(batch),
-            "needs": [metric.aggregations.needs_sketches(1)] * len(batch),
-        }
+        need = metric.aggregations.needs_sketches(1)
+        query = CellQuery.one_key([page], {CellRef(MINUTE, start): need for start in batch})
+        params = query.bound(metric.name, version, ServedRow(stamp, generation, watermark))
         timings = []
         for _ in range(repeats):
             started = time.perf_counter()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple, Protocol, TypeVar, cast
@@ -133,24 +133,61 @@ SERIES_SQL = (
     _SERVED_CTE
     + """
 SELECT s.generation, s.w AS watermark, s.v AS version, c.window_ms, c.start_ms,
-       c.count AS events, c.sum, c.min, c.max, CASE WHEN p.need THEN c.sketches END AS sketches,
+       c.count AS events, c.sum, c.min, c.max, CASE WHEN r.need THEN c.sketches END AS sketches,
        c.sketch_summaries, NULL::text[] AS key, s.x AS stamp
 FROM s
-LEFT JOIN unnest(%(sizes)s::bigint[], %(starts)s::bigint[], %(needs)s::boolean[])
-    AS p(window_ms, start_ms, need)
+LEFT JOIN unnest(%(run_sizes)s::bigint[], %(run_firsts)s::bigint[], %(run_ends)s::bigint[],
+                 %(run_needs)s::boolean[]) AS r(window_ms, first_ms, end_ms, need)
     ON s.x = %(x)s AND s.v = %(version)s
 LEFT JOIN LATERAL (
     SELECT * FROM batch_cells c
     WHERE c.generation = %(generation)s AND c.metric = %(metric)s AND c.version = %(version)s
-      AND c.window_ms = p.window_ms AND c.start_ms = p.start_ms AND c.key = %(key)s
+      AND c.window_ms = r.window_ms AND c.key = %(key)s
+      AND c.start_ms >= r.first_ms AND c.start_ms < r.end_ms
     OFFSET 0
 ) c ON true
 """
 )
-"""One key's cells at the given (window, start)s, each found by its primary key. `OFFSET 0`
-keeps the planner from flattening the lookup into a join: for a key it estimates at one row
-(a rollup's only key, `{}`) it then scanned every cell of the metric's version once per cell
-asked for (a day's total: 1,526 rows x 30 cells, 11 ms, where the lookups take 0.1 ms)."""
+"""One key's cells, asked as runs (`CellRuns`): each run the consecutive cells of one window
+from `first_ms` to `end_ms`, read as one range of the generation's index by key
+(`by_key_index`): a 60-cell series is one or two leaf pages of it, where a lookup per cell
+by the time-major primary key touched a leaf per cell (from disk, once the view outgrows
+memory). `OFFSET 0` keeps the planner from flattening the lookup into a join: for a key it
+estimates at one row (a rollup's only key, `{}`) it then scanned every cell of the metric's
+version once per run."""
+
+
+class CellRuns(NamedTuple):
+    """Cells asked for, as runs of consecutive starts of one window and one `need` (whether
+    the merge needs their sketches): the `SERIES_SQL` parameters of `runs_of`."""
+
+    run_sizes: list[int]
+    run_firsts: list[int]
+    run_ends: list[int]
+    run_needs: list[bool]
+
+
+def runs_of(needs: Mapping[CellRef, bool]) -> CellRuns:
+    """The fewest runs that hold exactly the cells of `needs`, each with its `need`: stored
+    cells of a window start on its multiples, so a run `[first, end)` of window `w` holds
+    the cells at `first, first + w, ... end - w` and no other."""
+    runs = CellRuns([], [], [], [])
+    for ref in sorted(needs, key=lambda r: (r.size_ms, r.start_ms)):
+        need = needs[ref]
+        if (
+            runs.run_sizes
+            and runs.run_sizes[-1] == ref.size_ms
+            and runs.run_ends[-1] == ref.start_ms
+            and runs.run_needs[-1] == need
+        ):
+            runs.run_ends[-1] = ref.start_ms + ref.size_ms
+            continue
+        runs.run_sizes.append(ref.size_ms)
+        runs.run_firsts.append(ref.start_ms)
+        runs.run_ends.append(ref.start_ms + ref.size_ms)
+        runs.run_needs.append(need)
+    return runs
+
 
 _FILTERED_CELLS = """
 FROM s
@@ -229,11 +266,10 @@ LEFT JOIN LATERAL (
 """
 )
 """One key's sessions starting in `[start, min(end, W))`: each a cell of window 0 of the
-metric (its events' states) and of its `sessions` part (its duration), found through each
-generation's index on (metric, version, key, start_ms) of window 0 (`index_generation`), which
-a prepared statement's generic plan uses only with window 0 written into the statement (as a
-parameter the planner cannot prove the index's predicate: every key's sessions of the range
-were scanned per session listed, ~3x slower)."""
+metric (its events' states) and of its `sessions` part (its duration), found through the
+generation's index by key (`by_key_index`). Window 0 is written into the statement: a
+generation indexed before migration 0008 has a partial index of window 0 instead, which a
+prepared statement's generic plan uses only when it can prove the predicate."""
 
 
 class StoredSession(NamedTuple):
@@ -259,7 +295,16 @@ class CellQuery:
     @classmethod
     def one_key(cls, key: Sequence[str], needs: dict[CellRef, bool]) -> CellQuery:
         """One key's cells, each with its sketches only where the merge `needs` them."""
-        return cls(SERIES_SQL, tuple(needs), {"key": list(key), "needs": list(needs.values())})
+        return cls(SERIES_SQL, tuple(needs), {"key": list(key), **runs_of(needs)._asdict()})
+
+    def bound(self, metric: str, version: str, served: ServedRow) -> dict[str, Any]:
+        """Every parameter of the statement for `metric` at `version`, read under `served`."""
+        return {
+            **_served_params(metric, version, served),
+            **self.params,
+            "sizes": [r.size_ms for r in self.refs],
+            "starts": [r.start_ms for r in self.refs],
+        }
 
     @classmethod
     def sliced(cls, selection: Selection, refs: Sequence[CellRef], max_cells: int) -> CellQuery:
@@ -299,6 +344,16 @@ class CellQuery:
         )
 
 
+def _served_params(metric: str, version: str, served: ServedRow) -> dict[str, Any]:
+    """The parameters every cell read has: the metric, and the served row it is guarded by."""
+    return {
+        "metric": metric,
+        "version": version,
+        "x": served.stamp,
+        "generation": served.generation,
+    }
+
+
 class BatchPlan(Protocol):
     """A read planned against one served row: `cell_query` is what it needs of the batch
     view (None: the served row alone)."""
@@ -334,21 +389,12 @@ class BatchViewReader:
         for _ in range(_GUARD_RETRIES):
             plan = plan_for(served)
             query = plan.cell_query
-            params: dict[str, Any] = {
-                "metric": metric.name,
-                "version": metric.version,
-                "x": served.stamp,
-                "generation": served.generation,
-            }
+            statement: str | sql.Composed
+            name, version = metric.name, metric.version
             if query is None or not query.refs:
-                statement: str | sql.Composed = _SERVED_SQL
+                statement, params = _SERVED_SQL, _served_params(name, version, served)
             else:
-                statement = query.statement
-                params.update(
-                    query.params,
-                    sizes=[r.size_ms for r in query.refs],
-                    starts=[r.start_ms for r in query.refs],
-                )
+                statement, params = query.statement, query.bound(name, version, served)
             try:
                 async with db.connection() as conn:
                     cursor = conn.cursor(row_factory=_stored_cells)

@@ -229,20 +229,33 @@ def time_ranges(conn: psycopg.Connection[Any], generation: int) -> list[TimeRang
 
 def index_generation(conn: psycopg.Connection[Any], generation: int) -> None:
     """The one place a loaded generation's key and indexes are built (after the load, before
-    it is attached; each range builds its own): its part of `batch_cells`' primary key, and
-    an index of the cells of window 0 by key — a session metric's sessions, one key's of
-    which the API lists by time (rule 13; empty without session metrics)."""
+    it is attached; each range builds its own): its part of `batch_cells`' primary key, which
+    is time-major so that `top` and sliced reads find every key of one window start together,
+    and `by_key_index` beside it."""
     table = sql.Identifier(generation_table(generation))
     conn.execute(
         sql.SQL(
             "ALTER TABLE {} ADD PRIMARY KEY (generation, metric, version, window_ms, start_ms, key)"
         ).format(table)
     )
-    conn.execute(
-        sql.SQL("CREATE INDEX ON {} (metric, version, key, start_ms) WHERE window_ms = {}").format(
-            table, sql.Literal(SESSION_WINDOW_MS)
-        )
-    )
+    conn.execute(by_key_index(generation))
+
+
+def by_key_index(generation: int) -> sql.Composed:
+    """The statement creating a generation's index of each key's cells in time order:
+    (metric, version, window_ms, key, start_ms). A one-key series reads its consecutive cells
+    of a window as one range of it (`SERIES_SQL`), one or two leaf pages where the primary
+    key holds each cell on a leaf of its own (a page from disk per cell once the view
+    outgrows memory); one key's sessions (window 0) are read through it too. About as large
+    as the primary key ("Time partitions" in docs/architecture.md)."""
+    return sql.SQL(
+        "CREATE INDEX IF NOT EXISTS {} ON {} (metric, version, window_ms, key, start_ms)"
+    ).format(by_key_name(generation), sql.Identifier(generation_table(generation)))
+
+
+def by_key_name(generation: int) -> sql.Identifier:
+    """The name of a generation's index by key (`by_key_index`)."""
+    return sql.Identifier(f"{generation_table(generation)}_by_key")
 
 
 def drop_detached_ranges(conn: psycopg.Connection[Any]) -> list[str]:

@@ -1,8 +1,9 @@
 """Migrating a populated batch view to time partitions (`0007_time_partitions`): a database
 at the revision before, serving a generation of half a million cells in one table, upgrades
 while a reader keeps reading the served view; the reader is never held up, every cell is
-kept, the served generation is then time-partitioned and an incremental publication goes on
-into it; downgrading copies it back into one table, again without losing a cell."""
+kept, the served generation is then time-partitioned, gains its index by key
+(`0008_cells_by_key`, again while read) and an incremental publication goes on into it;
+downgrading copies it back into one table, again without losing a cell."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import pytest
 from alembic import command
 
 from batch_layer.publish import Publication, _flip, publish_incremental
-from serving_layer.batch_view import SERIES_SQL
-from shared.db.cell_tables import DAY_MS, TimeRange, time_ranges
+from serving_layer.batch_view import SERIES_SQL, CellQuery, ServedRow
+from shared.db.cell_tables import DAY_MS, TimeRange, by_key_name, time_ranges
 from shared.db.cells import BatchCell
 from shared.db.connect import connect
 from shared.db.migrate import alembic_config
+from shared.windows import CellRef
 from tests.conftest import Platform
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
@@ -93,23 +95,14 @@ class SlowestRead:
 
     def _read_until_stopped(self) -> None:
         starts = [T0 + 5 * DAY_MS + i * 60_000 for i in range(60)]
+        hour = CellQuery.one_key(["/p7"], {CellRef(60_000, start): False for start in starts})
         with connect(self.url, autocommit=True) as conn:
             while not self.stop.is_set():
                 began = time.monotonic()
                 row = conn.execute("SELECT generation, xmin::text FROM served_view").fetchone()
                 assert row is not None
                 cells = conn.execute(
-                    SERIES_SQL,
-                    {
-                        "metric": "views",
-                        "version": "v1",
-                        "x": row[1],
-                        "generation": row[0],
-                        "key": ["/p7"],
-                        "sizes": [60_000] * len(starts),
-                        "starts": starts,
-                        "needs": [False] * len(starts),
-                    },
+                    SERIES_SQL, hour.bound("views", "v1", ServedRow(row[1], row[0], None))
                 ).fetchall()
                 if cells[0][-1] != row[1]:  # flipped between the two statements
                     self.replanned += 1
@@ -118,6 +111,19 @@ class SlowestRead:
                 self.slowest_s = max(self.slowest_s, time.monotonic() - began)
                 self.reads += 1
                 time.sleep(0.01)
+
+
+def _ranges_by_key(conn: psycopg.Connection[Any], generation: int) -> tuple[int, int]:
+    """How many time ranges the generation has, and how many of them an index by key."""
+    row = conn.execute(
+        "SELECT count(*), count(*) FILTER (WHERE EXISTS (SELECT FROM pg_indexes i "
+        "WHERE i.tablename = t.relid::regclass::text "
+        "AND i.indexdef LIKE '%%(metric, version, window_ms, key, start_ms)')) "
+        "FROM pg_partition_tree(%s) t WHERE t.isleaf",
+        [f"batch_cells_g{generation}"],
+    ).fetchone()
+    assert row is not None
+    return row[0], row[1]
 
 
 def _relkind(conn: psycopg.Connection[Any]) -> str:
@@ -162,6 +168,26 @@ def test_a_populated_batch_view_migrates_without_holding_readers_up(platform: Pl
         # without the metrics' retention at hand, one range per window: the next full run
         # splits the retained ones
         assert time_ranges(conn, served) == [TimeRange(60_000, None, None)]
+        assert _ranges_by_key(conn, served) == (1, 1)
+        # as 0007 left a generation before 0008: no index by key
+        conn.execute(psycopg.sql.SQL("DROP INDEX {}").format(by_key_name(served)))
+        conn.commit()
+        assert _ranges_by_key(conn, served) == (1, 0)
+
+    reader = SlowestRead(url)
+    reader.thread.start()
+    try:
+        command.upgrade(config, "0008")
+    finally:
+        reader.stop.set()
+        reader.thread.join()
+    if reader.error is not None:
+        raise reader.error
+    assert reader.reads > 0 and reader.slowest_s < 1.0, (reader.reads, reader.slowest_s)
+
+    with connect(url) as conn:
+        assert conn.execute(_CHECKSUM).fetchone() == before
+        assert _ranges_by_key(conn, served) == (1, 1)
         later = T0 + 20 * DAY_MS
         publish_incremental(
             conn,

@@ -6,8 +6,10 @@ planning again at another W makes a new plan instead of changing one."""
 from __future__ import annotations
 
 import orjson
+from hypothesis import given
+from hypothesis import strategies as st
 
-from serving_layer.batch_view import ServedRow
+from serving_layer.batch_view import CellRuns, ServedRow, runs_of
 from serving_layer.read_plan import (
     KeySeriesPlan,
     SlicedPlan,
@@ -53,7 +55,13 @@ def test_a_key_series_merges_uncached_batch_windows_and_the_one_straddling_w() -
         CellRef(MINUTE, start) for start in range(2 * HOUR, W, MINUTE)
     ]
     # the lone hour cell renders its stored distinct summary; the composed window unions sketches
-    assert query.params["needs"] == [False] + [True] * 30
+    # asked as two runs: the 30 minutes up to W with their sketches, the hour cell without
+    assert [query.params[field] for field in CellRuns._fields] == [
+        [MINUTE, HOUR],
+        [2 * HOUR, HOUR],
+        [W, 2 * HOUR],
+        [True, False],
+    ]
     assert query.params["key"] == ["de", "a"]
     speed = plan.speed_read
     assert speed.key == ("de", "a")
@@ -136,3 +144,25 @@ def test_an_unreachable_batch_view_plans_the_windows_from_w_on_and_reads_no_cell
     sliced = SlicedPlan.of(METRIC, windows, Selection(METRIC.key), last, {}, 1000)
     assert list(sliced.windows) == [(W, W + HOUR), (3 * HOUR, 4 * HOUR)]
     assert not sliced.cell_query.refs and not sliced.misses_batch_points
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([MINUTE, HOUR]), st.integers(-50, 50), st.booleans()),
+        max_size=60,
+    )
+)
+def test_runs_hold_exactly_the_cells_asked_each_with_its_need_and_are_the_fewest(
+    asked: list[tuple[int, int, bool]],
+) -> None:
+    needs = {CellRef(size, size * i): need for size, i, need in asked}
+    runs = list(zip(*runs_of(needs), strict=True))
+    held = [
+        (CellRef(size, start), need)
+        for size, first, end, need in runs
+        for start in range(first, end, size)
+    ]
+    assert sorted(held) == sorted(needs.items())  # each cell in one run, with its need
+    ends = {(size, end, need) for size, _, end, need in runs}
+    # two neighbouring runs of one window and need would have been one
+    assert not any((size, first, need) in ends for size, first, _, need in runs)
