@@ -25,9 +25,10 @@ from psycopg import sql
 from batch_layer.errors import PublicationConflict
 from shared.aggregations import SketchKind, merge_states
 from shared.db.cell_tables import (
+    RetentionGroup,
+    TimeRange,
     add_time_ranges,
     create_generation,
-    generation_table,
     index_generation,
     partitions_of,
     time_ranges,
@@ -193,13 +194,14 @@ class FullGeneration:
         cells: pa.Table | Iterable[BatchCell],
         publication: Publication,
         horizon_reach: Mapping[tuple[str, int], tuple[int, int]] | None = None,
-        split: Mapping[int, int] | None = None,
+        groups: Sequence[RetentionGroup] = (),
     ) -> tuple[int, int]:
         """Load, index and attach the generation's cells and flip the served row, after every
         queued id load; returns (generation, cells written). `cells` is a table of the
         `BatchCell` columns, or the cells; `horizon_reach` how far back the sources with a
-        de-dup horizon need their ids (`HorizonIds.reach`); `split` the windows laid out in
-        time ranges (`split_windows`), every other one in one range."""
+        de-dup horizon need their ids (`HorizonIds.reach`); `groups` the plans' retention
+        groups, each with the windows it lays out in time ranges (`retention_groups`; every
+        plan in `REST` without)."""
         self._queue_key()
         for step in self._steps:
             step.result()
@@ -207,8 +209,8 @@ class FullGeneration:
         generation = conn.execute("SELECT nextval('batch_generation_seq')").fetchone()[0]  # type: ignore[index]
         if not isinstance(cells, pa.Table):
             cells = list(cells)
-        table = create_generation(conn, generation)
-        add_time_ranges(conn, generation, _starts_by_window(cells), split)
+        table = create_generation(conn, generation, groups)
+        add_time_ranges(conn, generation, _cell_starts(cells), groups)
         written = _load_cells(conn, table, generation, cells)
         fault_point("mid_load")
         index_generation(conn, generation)
@@ -259,13 +261,13 @@ def publish_full_generation(
     ids: pa.Table | Iterable[tuple[str, str, int, int]],
     sources: Iterable[str],
     publication: Publication,
-    split: Mapping[int, int] | None = None,
+    groups: Sequence[RetentionGroup] = (),
 ) -> tuple[int, int]:
     """`FullGeneration` in one call, for a run whose cells and ids are all at hand; `ids` a
     table (or rows) of (source, event_id, partition, offset)."""
     with FullGeneration(conn, sources) as generation:
         generation.add_ids(ids, last=True)
-        published = generation.publish(cells, publication, split=split)
+        published = generation.publish(cells, publication, groups=groups)
     drop_old_generations(conn)
     return published
 
@@ -307,18 +309,19 @@ def _ids_table(ids: pa.Table | Iterable[tuple[str, str, int, int]]) -> pa.Table:
     )
 
 
-def _starts_by_window(cells: pa.Table | Sequence[BatchCell]) -> dict[int, list[int]]:
-    """window -> the distinct starts of `cells` (what their tables' time ranges must hold)."""
+def _cell_starts(cells: pa.Table | Sequence[BatchCell]) -> dict[tuple[str, int], list[int]]:
+    """(metric, window) -> the distinct starts of `cells` (what their tables' time ranges
+    must hold)."""
+    columns = ["metric", "window_ms", "start_ms"]
     if isinstance(cells, pa.Table):
-        pairs = cells.select(["window_ms", "start_ms"]).group_by(["window_ms", "start_ms"])
-        found = pairs.aggregate([]).to_pydict()
-        rows: Iterable[tuple[int, int]] = zip(found["window_ms"], found["start_ms"], strict=True)
+        found = cells.select(columns).group_by(columns).aggregate([]).to_pydict()
+        rows: Iterable[tuple[str, int, int]] = zip(*(found[c] for c in columns), strict=True)
     else:
-        rows = ((cell.window_ms, cell.start_ms) for cell in cells)
-    starts: dict[int, set[int]] = {}
-    for window_ms, start_ms in rows:
-        starts.setdefault(window_ms, set()).add(start_ms)
-    return {window_ms: sorted(held) for window_ms, held in starts.items()}
+        rows = ((cell.metric, cell.window_ms, cell.start_ms) for cell in cells)
+    starts: dict[tuple[str, int], set[int]] = {}
+    for metric, window_ms, start_ms in rows:
+        starts.setdefault((metric, window_ms), set()).add(start_ms)
+    return {cell: sorted(held) for cell, held in starts.items()}
 
 
 def _load_cells(
@@ -626,7 +629,7 @@ def expire_cells(
                 ).format(sql.Identifier(r.table(generation))),
                 [expiry.plan.name, expiry.plan.version, r.window_ms, expiry.kept_from],
             ).rowcount
-    if _detach_ranges(conn, generation, [r.table(generation) for r in droppable]):
+    if _detach_ranges(conn, generation, droppable):
         return Expired(deleted, len(droppable))
     for r in droppable:
         deleted += conn.execute(
@@ -655,23 +658,24 @@ def _metrics_in(
         yield after
 
 
-def _detach_ranges(conn: psycopg.Connection[Any], generation: int, tables: Sequence[str]) -> bool:
-    """Detach the ranges' tables whose cells are all past retention; whether they were.
-    Detaching locks the generation's table against readers until the commit, so it waits for
-    them at most `DETACH_LOCK_TIMEOUT`; past that it gives up (the caller deletes their cells
+def _detach_ranges(
+    conn: psycopg.Connection[Any], generation: int, ranges: Sequence[TimeRange]
+) -> bool:
+    """Detach the ranges whose cells are all past retention; whether they were. Detaching
+    locks the range's group table against readers until the commit, so it waits for them at
+    most `DETACH_LOCK_TIMEOUT`; past that it gives up (the caller deletes their cells
     instead). The runner drops the detached tables after the commit (`drop_detached_ranges`),
     so the commit that readers wait for unlinks no files."""
-    if not tables:
+    if not ranges:
         return True
-    parent = sql.Identifier(generation_table(generation))
     previous = conn.execute("SELECT current_setting('lock_timeout')").fetchone()[0]  # type: ignore[index]
     try:
         with conn.transaction():  # a savepoint: a timed-out detach rolls back to here
             conn.execute("SELECT set_config('lock_timeout', %s, true)", [DETACH_LOCK_TIMEOUT])
-            for table in tables:
+            for r in ranges:
                 conn.execute(
                     sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(
-                        parent, sql.Identifier(table)
+                        sql.Identifier(r.parent(generation)), sql.Identifier(r.table(generation))
                     )
                 )
             conn.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
@@ -788,7 +792,7 @@ def publish_incremental(
             merged.append(cell if old is None else merge_cell(old, cell, kinds[cell.metric]))
         conn.execute("TRUNCATE staged_cells")
         written = _stage_cells_again(conn, merged)
-        add_time_ranges(conn, generation, _starts_by_window(merged))
+        add_time_ranges(conn, generation, _cell_starts(merged))
         _upsert_staged(conn, generation)
         fault_point("mid_load")
         copy_ids(conn, ids)
@@ -819,7 +823,7 @@ def publish_range(
             )
         cells = list(cells)
         written = _stage_cells(conn, cells)
-        add_time_ranges(conn, generation, _starts_by_window(cells))
+        add_time_ranges(conn, generation, _cell_starts(cells))
         _upsert_staged(conn, generation)
         fault_point("mid_load")
         fault_point("before_generation_flip")

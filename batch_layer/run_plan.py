@@ -54,7 +54,7 @@ from batch_layer.publish import (
 from batch_layer.rebuild_index import HISTORY_BUCKET_MS, first_offsets_since
 from batch_layer.snapshot import Snapshot, take_snapshot
 from shared.config import RunMode, Settings, SourceConfig
-from shared.db.cell_tables import split_windows
+from shared.db.cell_tables import retention_groups
 from shared.db.cells import BatchCell
 from shared.db.connect import connect
 from shared.db.runs import RunRecord
@@ -154,8 +154,8 @@ class FullRun(RunPlan):
             _cell_table(settings, results), settings.plans.values(), publication.watermarks
         )
         reach = _horizon_reach(results, publication)
-        split = split_windows(settings.plans.values())
-        return self._generation.publish(cells, publication, reach, split)
+        groups = retention_groups(settings.plans.values())
+        return self._generation.publish(cells, publication, reach, groups)
 
 
 @dataclass

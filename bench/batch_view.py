@@ -68,7 +68,7 @@ from shared.db.cell_tables import (
     create_generation,
     drop_detached_ranges,
     index_generation,
-    split_windows,
+    retention_groups,
     time_ranges,
 )
 from shared.db.cells import BatchCell
@@ -125,12 +125,13 @@ def load(conn: psycopg.Connection[Any], plan: MetricPlan, keys: int) -> dict[str
     full run lays them out (`add_time_ranges`); its load figures."""
     generation = conn.execute("SELECT nextval('batch_generation_seq')").fetchone()[0]  # type: ignore[index]
     with conn.transaction():
-        table = create_generation(conn, generation)
+        groups = retention_groups([plan])
+        table = create_generation(conn, generation, groups)
         add_time_ranges(
             conn,
             generation,
-            {size: range(T0, T0 + DAYS * DAY, size) for size in (MINUTE, HOUR, DAY)},
-            split_windows([plan]),
+            {(plan.name, size): range(T0, T0 + DAYS * DAY, size) for size in (MINUTE, HOUR, DAY)},
+            groups,
         )
         started = time.monotonic()
         conn.execute(

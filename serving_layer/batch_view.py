@@ -170,9 +170,12 @@ class CellRuns(NamedTuple):
 def runs_of(needs: Mapping[CellRef, bool]) -> CellRuns:
     """The fewest runs that hold exactly the cells of `needs`, each with its `need`: stored
     cells of a window start on its multiples, so a run `[first, end)` of window `w` holds
-    the cells at `first, first + w, ... end - w` and no other."""
+    the cells at `first, first + w, ... end - w` and no other (window 0, a session's cell,
+    has no such runs)."""
     runs = CellRuns([], [], [], [])
     for ref in sorted(needs, key=lambda r: (r.size_ms, r.start_ms)):
+        if ref.size_ms <= 0:
+            raise ValueError(f"cells of window {ref.size_ms} cannot be read as runs")
         need = needs[ref]
         if (
             runs.run_sizes
@@ -202,7 +205,8 @@ LEFT JOIN LATERAL (
 LIMIT %(limit)s
 """
 """Every key's cells at the given (window, start)s that pass the filters, at most `limit`
-(each (window, start) a range of the primary key, as in `SERIES_SQL`)."""
+(each (window, start) a range of the time-major primary key; `OFFSET 0` as in
+`SERIES_SQL`)."""
 
 SLICE_SQL = sql.SQL(
     _SERVED_CTE

@@ -1,9 +1,11 @@
 """The batch view's tables. `batch_cells` is partitioned by generation (rule 6 in
-docs/semantics.md); each generation's table is partitioned by time: by (window_ms, start_ms)
-into ranges of cell starts, one window size per range ("Time partitions" in
-docs/architecture.md). Retention then drops whole tables, and a read's lookup descends the
-small index of the one range it needs. Which ranges a set of cells needs is a pure function
-(`ranges_to_add`); the DDL sits at the edge."""
+docs/semantics.md); each generation's table by metric into *retention groups* (the plans
+that keep their windows alike, and the rest), and each group's table by time: by (window_ms,
+start_ms) into ranges of cell starts, one window size per range ("Time partitions" in
+docs/architecture.md). Retention then drops whole tables, also where other metrics keep the
+same window longer, and a read's lookup descends the small index of the one range it needs.
+Which groups and ranges a set of cells needs are pure functions (`retention_groups`,
+`ranges_to_add`); the DDL sits at the edge."""
 
 from __future__ import annotations
 
@@ -46,18 +48,24 @@ def range_span_ms(window_ms: int) -> int:
 @dataclass(frozen=True, order=True)
 class TimeRange:
     """The cells of one window size whose start is in `[lo, hi)`; None is unbounded (the
-    table's MINVALUE / MAXVALUE)."""
+    table's MINVALUE / MAXVALUE), in the retention group `group` of its generation ("": the
+    generation's table itself, as generations laid out before retention groups are)."""
 
     window_ms: int
     lo: int | None
     hi: int | None
+    group: str = ""
 
     def holds(self, start_ms: int) -> bool:
         return (self.lo is None or self.lo <= start_ms) and (self.hi is None or start_ms < self.hi)
 
+    def parent(self, generation: int) -> str:
+        """The table it is a partition of: its group's."""
+        return group_table(generation, self.group)
+
     def table(self, generation: int) -> str:
-        """Its table's name: the generation's, the window and the first start it holds."""
-        return f"{generation_table(generation)}_w{self.window_ms}_{_label(self.lo)}"
+        """Its table's name: its group's, the window and the first start it holds."""
+        return f"{self.parent(generation)}_w{self.window_ms}_{_label(self.lo)}"
 
     def bounds(self) -> sql.Composed:
         def value(bound: int | None, unbounded: str) -> sql.Composable:
@@ -81,13 +89,14 @@ def ranges_to_add(
     existing: Sequence[TimeRange],
     starts: Iterable[int],
     limit: int = NEW_RANGES_PER_WINDOW,
+    group: str = "",
 ) -> list[TimeRange]:
     """The ranges to add so that every start of `starts` (cells of `window_ms`) has one,
     given the window's `existing` ranges. Starts after every existing range get ranges of
     the window's span (`range_span_ms`), at most `limit` of them, the newest;
     any other start without a range gets one range filling the whole gap it lies in, up to
-    its neighbours (or unbounded). The ranges returned overlap neither each other nor
-    `existing`."""
+    its neighbours (or unbounded). The ranges returned (in `group`) overlap neither each
+    other nor `existing`."""
     span = range_span_ms(window_ms)
     uncovered = sorted({s for s in starts if not any(r.holds(s) for r in existing)})
     if any(r.hi is None for r in existing):
@@ -97,7 +106,9 @@ def ranges_to_add(
         top = max((r.hi for r in existing if r.hi is not None), default=None)
         fresh = uncovered if top is None else uncovered[bisect.bisect_left(uncovered, top) :]
     los = sorted({s - s % span for s in fresh})[-limit:]
-    added = [TimeRange(window_ms, lo if top is None else max(lo, top), lo + span) for lo in los]
+    added = [
+        TimeRange(window_ms, lo if top is None else max(lo, top), lo + span, group) for lo in los
+    ]
     ranges = sorted([*existing, *added], key=_lower)
     lowers = [_lower(r) for r in ranges]
     for start in uncovered:
@@ -109,6 +120,7 @@ def ranges_to_add(
             window_ms,
             ranges[i].hi if i >= 0 else None,
             ranges[i + 1].lo if i + 1 < len(ranges) else None,
+            group,
         )
         ranges.insert(i + 1, gap)
         lowers.insert(i + 1, _lower(gap))
@@ -124,19 +136,75 @@ def generation_table(generation: int) -> str:
     return f"batch_cells_g{generation}"
 
 
-def create_generation(conn: psycopg.Connection[Any], generation: int) -> sql.Identifier:
-    """A generation's (empty, unattached) table, partitioned by time; returns its name."""
+def group_table(generation: int, group: str) -> str:
+    """The table of a generation's retention group (`group` "": the generation's own)."""
+    return f"{generation_table(generation)}_{group}" if group else generation_table(generation)
+
+
+REST = "rest"
+"""The retention group of every plan keeping all its windows forever, and of any metric no
+other group lists (a metric added since the generation was laid out)."""
+
+
+@dataclass(frozen=True)
+class RetentionGroup:
+    """Plans whose cells share a generation's table because they keep each window alike, and
+    the windows that table splits into time ranges, with the longest retention of each
+    (`split_windows`). `plans` is empty for `REST`, the group of the plans no other lists."""
+
+    name: str
+    plans: frozenset[str]
+    split: Mapping[int, int]
+
+
+def retention_groups(plans: Iterable[MetricPlan]) -> list[RetentionGroup]:
+    """How a new generation groups its plans: one group per distinct retention (plans with the
+    same `retention` keep their windows alike; a metric's rollups keep its own), `REST` for the
+    plans keeping everything forever. A range of a group holds no cell that another retention
+    keeps longer, so retention drops it whole, whatever the other metrics keep; and the groups
+    stay as few as the retentions configured, since a generic plan opens every table of the
+    generation ("Time partitions" in docs/architecture.md)."""
+    retained: dict[tuple[tuple[int, int], ...], list[MetricPlan]] = {}
+    rest = []
+    for plan in plans:
+        if plan.windows.retention_ms:
+            retained.setdefault(tuple(sorted(plan.windows.retention_ms)), []).append(plan)
+        else:
+            rest.append(plan)
+    groups = [
+        RetentionGroup(f"r{i}", frozenset(plan.name for plan in members), split_windows(members))
+        for i, (_, members) in enumerate(sorted(retained.items()))
+    ]
+    return [*groups, RetentionGroup(REST, frozenset(), split_windows(rest))]
+
+
+def create_generation(
+    conn: psycopg.Connection[Any], generation: int, groups: Sequence[RetentionGroup] = ()
+) -> sql.Identifier:
+    """A generation's (empty, unattached) table, partitioned by metric into the tables of its
+    retention `groups` (and `REST`), each partitioned by time; returns its name."""
     table = sql.Identifier(generation_table(generation))
     conn.execute(
-        sql.SQL(
-            "CREATE TABLE {} (LIKE batch_cells) PARTITION BY RANGE (window_ms, start_ms)"
-        ).format(table)
+        sql.SQL("CREATE TABLE {} (LIKE batch_cells) PARTITION BY LIST (metric)").format(table)
     )
+    for group in [*(g for g in groups if g.name != REST), RetentionGroup(REST, frozenset(), {})]:
+        values = (
+            sql.SQL("FOR VALUES IN ({})").format(
+                sql.SQL(", ").join(map(sql.Literal, sorted(group.plans)))
+            )
+            if group.plans
+            else sql.SQL("DEFAULT")
+        )
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} PARTITION OF {} {} PARTITION BY RANGE (window_ms, start_ms)"
+            ).format(sql.Identifier(group_table(generation, group.name)), table, values)
+        )
     return table
 
 
 def split_windows(plans: Iterable[MetricPlan]) -> dict[int, int]:
-    """The windows a new generation splits into time ranges, with the longest retention of
+    """The windows a retention group splits into time ranges, with the longest retention of
     each: those every plan storing cells of (`stored_windows`) keeps for a retention, so that
     a range past it can be dropped whole. Any other window gets one unbounded range: split,
     it would only gather tables that are never dropped."""
@@ -164,31 +232,38 @@ def stored_windows(plan: MetricPlan) -> set[int]:
 def add_time_ranges(
     conn: psycopg.Connection[Any],
     generation: int,
-    starts: Mapping[int, Iterable[int]],
-    split: Mapping[int, int] | None = None,
+    starts: Mapping[tuple[str, int], Iterable[int]],
+    groups: Sequence[RetentionGroup] = (),
 ) -> list[TimeRange]:
-    """Give every (window, start) of `starts` (window -> starts) a range in the generation's
-    table; returns the ranges added. A window the generation holds ranges of gets more as
-    `ranges_to_add` says; a window it holds none of gets ranges as many as its retention in
-    `split` keeps (`split_windows`; a new generation's), or else one unbounded range. Each
-    new range is created apart and then attached, which locks the generation's table only
-    against other DDL (SHARE UPDATE EXCLUSIVE), never against readers, so a served generation
-    grows while it is read; the attach builds the new (empty) table's indexes."""
+    """Give every cell of `starts` ((metric, window) -> starts) a range in the table of the
+    generation's retention group holding its metric; returns the ranges added. A window the
+    group holds ranges of gets more as `ranges_to_add` says; a window it holds none of gets
+    ranges as many as its retention in the group's `split` keeps (`groups`: a new
+    generation's, `retention_groups`), or else one unbounded range. Each new range is
+    created apart and then attached, which locks the group's table only against other DDL
+    (SHARE UPDATE EXCLUSIVE), never against readers, so a served generation grows while it
+    is read; the attach builds the new (empty) table's indexes."""
     held = time_ranges(conn, generation)
-    parent = sql.Identifier(generation_table(generation))
+    group_of = _groups_of(conn, generation)
+    split = {group.name: group.split for group in groups}
+    wanted: dict[tuple[str, int], list[int]] = {}
+    for (metric, window_ms), cell_starts in starts.items():
+        group = group_of.get(metric, group_of[None])
+        wanted.setdefault((group, window_ms), []).extend(cell_starts)
     added = []
-    for window_ms, window_starts in starts.items():
-        existing = [r for r in held if r.window_ms == window_ms]
+    for (group, window_ms), group_starts in sorted(wanted.items()):
+        existing = [r for r in held if r.window_ms == window_ms and r.group == group]
         if existing:
-            new = ranges_to_add(window_ms, existing, window_starts)
-        elif split is not None and window_ms in split:
-            kept = -(-split[window_ms] // range_span_ms(window_ms)) + 1
+            new = ranges_to_add(window_ms, existing, group_starts, group=group)
+        elif window_ms in split.get(group, {}):
+            kept = -(-split[group][window_ms] // range_span_ms(window_ms)) + 1
             limit = min(max(kept, NEW_RANGES_PER_WINDOW), MAX_NEW_RANGES)
-            new = ranges_to_add(window_ms, [], window_starts, limit)
+            new = ranges_to_add(window_ms, [], group_starts, limit, group)
         else:
-            new = [TimeRange(window_ms, None, None)]
+            new = [TimeRange(window_ms, None, None, group)]
         for r in new:
             table = sql.Identifier(r.table(generation))
+            parent = sql.Identifier(r.parent(generation))
             conn.execute(sql.SQL("CREATE TABLE {} (LIKE {})").format(table, parent))
             conn.execute(
                 sql.SQL("ALTER TABLE {} ATTACH PARTITION {} {}").format(parent, table, r.bounds())
@@ -200,10 +275,51 @@ def add_time_ranges(
 _BOUND = re.compile(
     r"FROM \('(-?\d+)', (MINVALUE|'(-?\d+)')\) TO \('(-?\d+)', (MAXVALUE|'(-?\d+)')\)"
 )
+_LISTED = re.compile(r"'((?:[^']|'')*)'")
 
 
 def time_ranges(conn: psycopg.Connection[Any], generation: int) -> list[TimeRange]:
-    """The ranges of a generation's table, as its partition bounds say."""
+    """The ranges of a generation, as its partition bounds say: the ranges of each retention
+    group's table, or (a generation laid out before retention groups) of its own."""
+    _check_time_partitioned(conn, generation)
+    rows = conn.execute(
+        "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), p.relname FROM pg_inherits i "
+        "JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent "
+        "WHERE i.inhparent = %(g)s::regclass OR i.inhparent IN ("
+        "  SELECT inhrelid FROM pg_inherits WHERE inhparent = %(g)s::regclass)",
+        {"g": generation_table(generation)},
+    ).fetchall()
+    ranges = []
+    for _, bound, parent in rows:
+        found = _BOUND.search(bound)
+        if found is None:
+            continue  # a retention group's table: its ranges are among the rows
+        lo, hi = (None if bound is None else int(bound) for bound in found.group(3, 6))
+        group = parent.removeprefix(generation_table(generation)).removeprefix("_")
+        ranges.append(TimeRange(int(found.group(1)), lo, hi, group))
+    return sorted(ranges, key=lambda r: (r.group, r.window_ms, _lower(r)))
+
+
+def _groups_of(conn: psycopg.Connection[Any], generation: int) -> dict[str | None, str]:
+    """metric -> the retention group of the generation listing it; None -> the group of any
+    other metric (`REST`, or "" when the generation has no groups)."""
+    rows = conn.execute(
+        "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i "
+        "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = %s::regclass "
+        "AND c.relkind = 'p'",
+        [generation_table(generation)],
+    ).fetchall()
+    groups: dict[str | None, str] = {None: ""}
+    for name, bound in rows:
+        group = name.removeprefix(generation_table(generation) + "_")
+        if bound == "DEFAULT":
+            groups[None] = group
+        for listed in _LISTED.findall(bound):
+            groups[listed.replace("''", "'")] = group
+    return groups
+
+
+def _check_time_partitioned(conn: psycopg.Connection[Any], generation: int) -> None:
     kind = conn.execute(
         "SELECT relkind FROM pg_class WHERE oid = %s::regclass", [generation_table(generation)]
     ).fetchone()
@@ -212,19 +328,6 @@ def time_ranges(conn: psycopg.Connection[Any], generation: int) -> list[TimeRang
             f"{generation_table(generation)} is not partitioned by time: a runner older than "
             "migration 0007 wrote it; stop old runners and queue a full run"
         )
-    rows = conn.execute(
-        "SELECT pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i "
-        "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = %s::regclass",
-        [generation_table(generation)],
-    ).fetchall()
-    ranges = []
-    for (bound,) in rows:
-        found = _BOUND.search(bound)
-        if found is None:
-            raise ValueError(f"{generation_table(generation)} has a partition bound {bound!r}")
-        lo, hi = (None if bound is None else int(bound) for bound in found.group(3, 6))
-        ranges.append(TimeRange(int(found.group(1)), lo, hi))
-    return sorted(ranges, key=lambda r: (r.window_ms, _lower(r)))
 
 
 def index_generation(conn: psycopg.Connection[Any], generation: int) -> None:
@@ -272,7 +375,7 @@ def drop_detached_ranges(conn: psycopg.Connection[Any]) -> list[str]:
         for (name,) in conn.execute(
             "SELECT relname FROM pg_class WHERE relkind = 'r' AND NOT relispartition "
             "AND relname ~ %s AND pg_table_is_visible(oid) ORDER BY relname",
-            [r"^batch_cells_g\d+_w\d+_"],
+            [r"^batch_cells_g\d+_(r\d+_|rest_)?w\d+_"],
         ).fetchall()
     ]
     conn.commit()

@@ -17,7 +17,7 @@ from alembic import command
 
 from batch_layer.publish import Publication, _flip, publish_incremental
 from serving_layer.batch_view import SERIES_SQL, CellQuery, ServedRow
-from shared.db.cell_tables import DAY_MS, TimeRange, by_key_name, time_ranges
+from shared.db.cell_tables import DAY_MS, REST, TimeRange, by_key_name, time_ranges
 from shared.db.cells import BatchCell
 from shared.db.connect import connect
 from shared.db.migrate import alembic_config
@@ -165,9 +165,9 @@ def test_a_populated_batch_view_migrates_without_holding_readers_up(platform: Pl
         assert conn.execute(_CHECKSUM).fetchone() == before
         assert _relkind(conn) == "p"
         served = conn.execute("SELECT generation FROM served_view").fetchone()[0]  # type: ignore[index]
-        # without the metrics' retention at hand, one range per window: the next full run
-        # splits the retained ones
-        assert time_ranges(conn, served) == [TimeRange(60_000, None, None)]
+        # without the metrics' retention at hand, every metric in one group and one range per
+        # window: the next full run groups the metrics and splits the retained windows
+        assert time_ranges(conn, served) == [TimeRange(60_000, None, None, REST)]
         assert _ranges_by_key(conn, served) == (1, 1)
         # as 0007 left a generation before 0008: no index by key
         conn.execute(psycopg.sql.SQL("DROP INDEX {}").format(by_key_name(served)))

@@ -1,9 +1,10 @@
 """The batch view's time partitions against the real PostgreSQL ("Time partitions" in
 docs/architecture.md): a full generation is loaded into time ranges of its retained windows
-(one range for a window kept forever), an
+(one range for a window kept forever) in the table of each plan's retention group, an
 incremental or range publication adds the ranges its cells need to the served generation,
-retention drops a range whose cells are all past it and deletes within the others, and a drop
-that would wait on a reader deletes instead; every kept cell stays as it was."""
+retention drops a range whose cells are all past it and deletes within the others (also
+where another metric keeps the same window forever), and a drop that would wait on a reader
+deletes instead; every kept cell stays as it was."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import pytest
 from batch_layer.publish import (
     Expired,
     Publication,
+    _flip,
+    _load_cells,
     expire_cells,
     publish_full_generation,
     publish_incremental,
@@ -28,9 +31,13 @@ from batch_layer.publish import (
 from batch_layer.run_plan import CELL_SCHEMA
 from shared.db.cell_tables import (
     DAY_MS,
+    RetentionGroup,
     TimeRange,
+    add_time_ranges,
     drop_detached_ranges,
-    split_windows,
+    generation_table,
+    index_generation,
+    retention_groups,
     time_ranges,
 )
 from shared.db.cells import BatchCell
@@ -117,7 +124,7 @@ def _publish_three_weeks(conn: psycopg.Connection[Any], plan: MetricPlan) -> int
         [],
         [],
         _publication(plan, T0 + 21 * DAY_MS, 1),
-        split_windows([plan]),
+        retention_groups([plan]),
     )
     return generation
 
@@ -129,10 +136,10 @@ def test_a_generation_is_loaded_into_ranges_and_publications_add_what_they_need(
     with connect(platform.settings.postgres.url) as conn:
         generation = _publish_three_weeks(conn, plan)
         assert time_ranges(conn, generation) == [
-            TimeRange(MINUTE, T0, T0 + 7 * DAY_MS),
-            TimeRange(MINUTE, T0 + 7 * DAY_MS, T0 + 14 * DAY_MS),
-            TimeRange(MINUTE, T0 + 14 * DAY_MS, T0 + 21 * DAY_MS),
-            TimeRange(HOUR, None, None),  # kept forever: never dropped, never split
+            TimeRange(MINUTE, T0, T0 + 7 * DAY_MS, "r0"),
+            TimeRange(MINUTE, T0 + 7 * DAY_MS, T0 + 14 * DAY_MS, "r0"),
+            TimeRange(MINUTE, T0 + 14 * DAY_MS, T0 + 21 * DAY_MS, "r0"),
+            TimeRange(HOUR, None, None, "r0"),  # kept forever: never dropped, never split
         ]
         conn.commit()
         before = _stored(conn)
@@ -142,8 +149,8 @@ def test_a_generation_is_loaded_into_ranges_and_publications_add_what_they_need(
             conn, generation, {plan.source.topic: {"0": 2}}, [], [_cell(plan, MINUTE, T0 - HOUR)]
         )
         conn.commit()
-        assert time_ranges(conn, generation)[0] == TimeRange(MINUTE, None, T0)
-        assert TimeRange(MINUTE, T0 + 21 * DAY_MS, T0 + 28 * DAY_MS) in time_ranges(
+        assert time_ranges(conn, generation)[0] == TimeRange(MINUTE, None, T0, "r0")
+        assert TimeRange(MINUTE, T0 + 21 * DAY_MS, T0 + 28 * DAY_MS, "r0") in time_ranges(
             conn, generation
         )
         new = {(MINUTE, T0 + 22 * DAY_MS, 1), (MINUTE, T0 + 21 * DAY_MS, 1), (MINUTE, T0 - HOUR, 1)}
@@ -186,7 +193,7 @@ def test_a_publication_writes_each_ranges_cells_key_by_key(
         handed = pa.Table.from_batches(table.to_batches(max_chunksize=1000), CELL_SCHEMA)
     with connect(platform.settings.postgres.url) as conn:
         generation, written = publish_full_generation(
-            conn, handed, [], [], _publication(plan, T0 + 11 * DAY_MS, 1), split_windows([plan])
+            conn, handed, [], [], _publication(plan, T0 + 11 * DAY_MS, 1), retention_groups([plan])
         )
         conn.commit()
         assert written == len(cells)
@@ -236,11 +243,13 @@ def test_retention_drops_a_range_wholly_past_it_and_deletes_within_the_next(
         assert _stored(conn) == _kept(plan, watermark)
         # the first week's 28 cells went with their range; the rest row by row
         assert removed == Expired(84 + 21 - len(_kept(plan, watermark)) - 28, 1)
-        assert TimeRange(MINUTE, T0, T0 + 7 * DAY_MS) not in time_ranges(conn, generation)
-        assert TimeRange(MINUTE, T0 + 7 * DAY_MS, T0 + 14 * DAY_MS) in time_ranges(conn, generation)
+        assert TimeRange(MINUTE, T0, T0 + 7 * DAY_MS, "r0") not in time_ranges(conn, generation)
+        assert TimeRange(MINUTE, T0 + 7 * DAY_MS, T0 + 14 * DAY_MS, "r0") in time_ranges(
+            conn, generation
+        )
         # detached by the publication, dropped after it (by the runner; or by the next run,
         # had it crashed in between): the commit readers waited for unlinked no file
-        first_week = TimeRange(MINUTE, T0, T0 + 7 * DAY_MS).table(generation)
+        first_week = TimeRange(MINUTE, T0, T0 + 7 * DAY_MS, "r0").table(generation)
         assert _exists(conn, first_week)
         assert drop_detached_ranges(conn) == [first_week]
         assert not _exists(conn, first_week)
@@ -281,4 +290,129 @@ def test_a_drop_that_would_wait_on_a_reader_deletes_instead(platform: Platform) 
     with connect(platform.settings.postgres.url) as conn:
         assert _stored(conn) == _kept(plan, watermark)
         assert removed == Expired(84 + 21 - len(_kept(plan, watermark)), 0)
-        assert TimeRange(MINUTE, T0, T0 + 7 * DAY_MS) in time_ranges(conn, generation)
+        assert TimeRange(MINUTE, T0, T0 + 7 * DAY_MS, "r0") in time_ranges(conn, generation)
+
+
+def test_retention_drops_a_range_whole_where_another_metric_keeps_the_window_forever(
+    platform: Platform,
+) -> None:
+    totals = {**METRIC, "name": "totals", "key": [], "retention": {}}
+    settings = reconfigured(platform, metrics=[METRIC, totals]).settings
+    views, kept = settings.plans["views"], settings.plans["totals"]
+    plans = [views, kept]
+    cells = [
+        *_three_weeks(views),
+        *(_cell(kept, c.window_ms, c.start_ms) for c in _three_weeks(kept)),
+    ]
+    watermark = T0 + 15 * DAY_MS + 3 * HOUR
+    publication = Publication(
+        snapshot={views.source.topic: {"0": 1}},
+        watermarks={views.name: watermark, kept.name: watermark},
+        rebuild_from={views.source.topic: {"0": 1}},
+        versions={views.name: views.version, kept.name: kept.version},
+    )
+    with connect(platform.settings.postgres.url) as conn:
+        generation, _ = publish_full_generation(
+            conn, cells, [], [], publication, retention_groups(plans)
+        )
+        conn.commit()
+        # views' 1m cells in weeks of its own group; totals' (kept forever) in one range
+        assert time_ranges(conn, generation) == [
+            TimeRange(MINUTE, T0, T0 + 7 * DAY_MS, "r0"),
+            TimeRange(MINUTE, T0 + 7 * DAY_MS, T0 + 14 * DAY_MS, "r0"),
+            TimeRange(MINUTE, T0 + 14 * DAY_MS, T0 + 21 * DAY_MS, "r0"),
+            TimeRange(HOUR, None, None, "r0"),
+            TimeRange(MINUTE, None, None, "rest"),
+            TimeRange(HOUR, None, None, "rest"),
+        ]
+        removed = expire_cells(conn, generation, plans, publication.watermarks)
+        conn.commit()
+        assert removed == Expired(84 + 21 - len(_kept(views, watermark)) - 28, 1)
+        assert TimeRange(MINUTE, T0, T0 + 7 * DAY_MS, "r0") not in time_ranges(conn, generation)
+        stored = set(
+            conn.execute(
+                "SELECT c.metric, c.window_ms, c.start_ms FROM batch_cells c "
+                "JOIN served_view s ON c.generation = s.generation"
+            ).fetchall()
+        )
+        assert stored == {
+            *(("views", w, start) for w, start, _ in _kept(views, watermark)),
+            *(("totals", c.window_ms, c.start_ms) for c in _three_weeks(kept)),
+        }
+        # a later publication's cells go to each metric's group
+        later = [_cell(views, MINUTE, T0 + 22 * DAY_MS), _cell(kept, MINUTE, T0 + 22 * DAY_MS)]
+        publish_incremental(
+            conn,
+            generation,
+            {views.source.topic: {"0": 1}},
+            later,
+            [],
+            Publication(
+                {views.source.topic: {"0": 2}},
+                {views.name: T0 + 23 * DAY_MS, kept.name: T0 + 23 * DAY_MS},
+                {views.source.topic: {"0": 2}},
+                publication.versions,
+            ),
+            {plan.name: plan.kinds for plan in plans},
+        )
+        conn.commit()
+        assert TimeRange(MINUTE, T0 + 21 * DAY_MS, T0 + 28 * DAY_MS, "r0") in time_ranges(
+            conn, generation
+        )
+        held = conn.execute(
+            f'SELECT metric FROM "{TimeRange(MINUTE, None, None, "rest").table(generation)}" '
+            "WHERE start_ms = %s",
+            [T0 + 22 * DAY_MS],
+        ).fetchall()
+        assert held == [("totals",)]
+
+
+def test_a_generation_laid_out_before_retention_groups_still_grows_and_expires(
+    platform: Platform,
+) -> None:
+    """A generation whose time ranges hang off its own table (as migration 0007 and the runs
+    before retention groups laid them out) takes publications and retention until the next
+    full run lays out a new one."""
+    plan = _plan(platform)
+    with connect(platform.settings.postgres.url) as conn:
+        generation = conn.execute("SELECT nextval('batch_generation_seq')").fetchone()[0]  # type: ignore[index]
+        table = psycopg.sql.Identifier(generation_table(generation))
+        conn.execute(
+            psycopg.sql.SQL(
+                "CREATE TABLE {} (LIKE batch_cells) PARTITION BY RANGE (window_ms, start_ms)"
+            ).format(table)
+        )
+        cells = _three_weeks(plan)
+        add_time_ranges(
+            conn,
+            generation,
+            {(plan.name, MINUTE): range(T0, T0 + 21 * DAY_MS, DAY_MS), (plan.name, HOUR): [T0]},
+            [RetentionGroup("", frozenset(), {MINUTE: 7 * DAY_MS})],  # the generation's own
+        )
+        _load_cells(conn, table, generation, cells)
+        index_generation(conn, generation)
+        conn.execute(
+            psycopg.sql.SQL(
+                "ALTER TABLE batch_cells ATTACH PARTITION {} FOR VALUES IN ({})"
+            ).format(table, psycopg.sql.Literal(generation))
+        )
+        _flip(conn, generation, _publication(plan, T0 + 21 * DAY_MS, 1))
+        conn.commit()
+        assert time_ranges(conn, generation) == [
+            TimeRange(MINUTE, T0, T0 + 7 * DAY_MS),
+            TimeRange(MINUTE, T0 + 7 * DAY_MS, T0 + 14 * DAY_MS),
+            TimeRange(MINUTE, T0 + 14 * DAY_MS, T0 + 21 * DAY_MS),
+            TimeRange(HOUR, None, None),
+        ]
+        _publish_incremental(
+            conn, plan, generation, [_cell(plan, MINUTE, T0 + 22 * DAY_MS)], T0 + 23 * DAY_MS
+        )
+        assert TimeRange(MINUTE, T0 + 21 * DAY_MS, T0 + 28 * DAY_MS) in time_ranges(
+            conn, generation
+        )
+        watermark = T0 + 15 * DAY_MS + 3 * HOUR
+        removed = expire_cells(conn, generation, [plan], {plan.name: watermark})
+        conn.commit()
+        assert removed.dropped == 1
+        assert TimeRange(MINUTE, T0, T0 + 7 * DAY_MS) not in time_ranges(conn, generation)
+        assert _stored(conn) == _kept(plan, watermark) | {(MINUTE, T0 + 22 * DAY_MS, 1)}

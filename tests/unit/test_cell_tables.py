@@ -1,6 +1,7 @@
 """The batch view's time ranges ("Time partitions" in docs/architecture.md): whichever cells
 and ranges a generation already has, the ranges added give every cell exactly one range, never
-overlap, and stay few however the cells' times are spread."""
+overlap, and stay few however the cells' times are spread; plans are grouped by retention so
+that each group splits the windows it retains."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ from shared.config import Settings
 from shared.db.cell_tables import (
     DAY_MS,
     NEW_RANGES_PER_WINDOW,
+    REST,
+    RetentionGroup,
     TimeRange,
     range_span_ms,
     ranges_to_add,
+    retention_groups,
     split_windows,
 )
 from shared.metric_plan import SESSION_WINDOW_MS, MetricPlan
@@ -128,3 +132,34 @@ def test_only_windows_every_metric_retains_are_split() -> None:
         SESSION_WINDOW_MS: 2 * DAY_MS,
     }
     assert split_windows(_plans([views])) == {MINUTE: 7 * DAY_MS, 3_600_000: 90 * DAY_MS}
+
+
+def test_plans_are_grouped_by_retention_and_each_group_splits_what_it_retains() -> None:
+    views = {
+        "name": "views",
+        "source": "pv",
+        "key": ["page"],
+        "windows": ["1m", "1h", "1d"],
+        "retention": {"1m": "7d", "1h": "90d"},
+        "rollups": [[]],
+    }
+    clicks = {**views, "name": "clicks", "rollups": []}
+    totals = {"name": "totals", "source": "pv", "key": [], "windows": ["1m", "1h"]}
+    visits = {
+        "name": "visits",
+        "source": "pv",
+        "key": ["user"],
+        "session": {"gap": "30m", "max_duration": "4h"},
+        "windows": ["1m", "1h"],
+        "retention": {"1m": "2d", "1h": "30d"},
+    }
+    groups = retention_groups(_plans([views, totals, visits, clicks]))
+    hour = 3_600_000
+    assert [(g.name, sorted(g.plans)) for g in groups] == [
+        ("r0", ["visits", "visits(bounces)", "visits(sessions)"]),
+        ("r1", ["clicks", "views", "views[]"]),
+        (REST, []),  # the plans keeping every window forever, and any metric no group lists
+    ]
+    assert groups[0].split == {MINUTE: 2 * DAY_MS, SESSION_WINDOW_MS: 2 * DAY_MS, hour: 30 * DAY_MS}
+    assert groups[1].split == {MINUTE: 7 * DAY_MS, hour: 90 * DAY_MS}
+    assert groups[2] == RetentionGroup(REST, frozenset(), {})

@@ -48,11 +48,11 @@ def _copy_served_generation(*, time_partitioned: bool) -> None:
     generation = conn.execute("SELECT nextval('batch_generation_seq')").fetchone()[0]  # type: ignore[index]
     if time_partitioned:
         table = create_generation(conn, generation)
-        starts: dict[int, list[int]] = {}
-        for window_ms, start_ms in conn.execute(
-            sql.SQL("SELECT DISTINCT window_ms, start_ms FROM {}").format(old)
+        starts: dict[tuple[str, int], list[int]] = {}
+        for metric, window_ms, start_ms in conn.execute(
+            sql.SQL("SELECT DISTINCT metric, window_ms, start_ms FROM {}").format(old)
         ):
-            starts.setdefault(window_ms, []).append(start_ms)
+            starts.setdefault((metric, window_ms), []).append(start_ms)
         add_time_ranges(conn, generation, starts)
     else:
         table = sql.Identifier(generation_table(generation))
