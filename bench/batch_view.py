@@ -36,8 +36,10 @@ Figures per view:
   detached tables dropped after the commit, as the runner does), and `vacuum_s`: the VACUUM of the
   generation after that DELETE; `ranges`: the generation's tables (1m split by week, 1h and
   1d kept forever in one each);
-  `vacuum_after_load_s`: the VACUUM (ANALYZE) autovacuum would run after the load (run by the
-  bench before its reads, so that they do not meet it).
+  `vacuum_after_load_s`: the VACUUM (ANALYZE) autovacuum would run after the load, and
+  `checkpoint_s` the CHECKPOINT writing what the load and that VACUUM dirtied (both run by
+  the bench before its reads, so that they do not meet them; at 10^8 the VACUUM dirties every
+  heap page).
 
 The last line compares the big view with the small one: `<read>_p99_ratio` (target <= 1.5),
 `<read>_p50_ratio` and `incr_publish_ratio` (flat: ~1)."""
@@ -162,6 +164,9 @@ def load(conn: psycopg.Connection[Any], plan: MetricPlan, keys: int) -> dict[str
     started = time.monotonic()
     conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(table))  # what autovacuum does next
     settle_s = time.monotonic() - started
+    started = time.monotonic()
+    checkpoint(conn)  # writes what the load and the VACUUM dirtied, before the reads
+    checkpoint_s = time.monotonic() - started
     heap, total = conn.execute(
         "SELECT sum(pg_table_size(relid))::bigint, sum(pg_total_relation_size(relid))::bigint "
         "FROM pg_partition_tree(%s) WHERE isleaf",
@@ -175,10 +180,30 @@ def load(conn: psycopg.Connection[Any], plan: MetricPlan, keys: int) -> dict[str
         "load_s": load_s,
         "index_s": index_s,
         "vacuum_after_load_s": settle_s,
+        "checkpoint_s": checkpoint_s,
         "heap_bytes_per_cell": heap / cells,
         "index_bytes_per_cell": (total - heap) / cells,
         "bytes_per_cell": total / cells,
     }
+
+
+def checkpoint(conn: psycopg.Connection[Any]) -> None:
+    """CHECKPOINT, as the connection's role if it may (a superuser or `pg_checkpoint`), else
+    as `postgres` on the same server (the local stack's cluster trusts it)."""
+    try:
+        conn.execute("CHECKPOINT")
+        return
+    except psycopg.errors.InsufficientPrivilege:
+        pass
+    try:
+        with psycopg.connect(conn.info.dsn, user="postgres", autocommit=True) as admin:
+            admin.execute("CHECKPOINT")
+    except psycopg.Error as exc:
+        role = conn.info.user
+        raise SystemExit(
+            f"bench/batch_view.py needs a CHECKPOINT before its reads: `GRANT pg_checkpoint TO "
+            f"{role}` as a superuser ({exc})"
+        ) from exc
 
 
 def publication(plan: MetricPlan, watermark: int, snapshot: int = 0) -> Publication:

@@ -107,59 +107,44 @@ def _plans(metrics: list[dict[str, Any]]) -> list[MetricPlan]:
     return list(Settings(sources=[source], tables=[], metrics=metrics).plans.values())
 
 
+VIEWS = {
+    "name": "views",
+    "source": "pv",
+    "key": ["page"],
+    "windows": ["1m", "1h", "1d"],
+    "retention": {"1m": "7d", "1h": "90d"},
+    "rollups": [[]],
+}
+TOTALS = {"name": "totals", "source": "pv", "key": [], "windows": ["1h"]}
+VISITS = {
+    "name": "visits",
+    "source": "pv",
+    "key": ["user"],
+    "session": {"gap": "30m", "max_duration": "4h"},
+    "windows": ["1m", "1h"],
+    "retention": {"1m": "2d", "1h": "30d"},
+}
+HOUR = 3_600_000
+
+
 def test_only_windows_every_metric_retains_are_split() -> None:
-    views = {
-        "name": "views",
-        "source": "pv",
-        "key": ["page"],
-        "windows": ["1m", "1h", "1d"],
-        "retention": {"1m": "7d", "1h": "90d"},
-        "rollups": [[]],
-    }
-    totals = {"name": "totals", "source": "pv", "key": [], "windows": ["1h"]}
-    visits = {
-        "name": "visits",
-        "source": "pv",
-        "key": ["user"],
-        "session": {"gap": "30m", "max_duration": "4h"},
-        "windows": ["1m", "1h"],
-        "retention": {"1m": "2d", "1h": "30d"},
-    }
     # views' rollup keeps views' retention; totals keeps its 1h cells forever; visits'
     # sessions (window 0) go with its 1m cells
-    assert split_windows(_plans([views, totals, visits])) == {
+    assert split_windows(_plans([VIEWS, TOTALS, VISITS])) == {
         MINUTE: 7 * DAY_MS,
         SESSION_WINDOW_MS: 2 * DAY_MS,
     }
-    assert split_windows(_plans([views])) == {MINUTE: 7 * DAY_MS, 3_600_000: 90 * DAY_MS}
+    assert split_windows(_plans([VIEWS])) == {MINUTE: 7 * DAY_MS, HOUR: 90 * DAY_MS}
 
 
 def test_plans_are_grouped_by_retention_and_each_group_splits_what_it_retains() -> None:
-    views = {
-        "name": "views",
-        "source": "pv",
-        "key": ["page"],
-        "windows": ["1m", "1h", "1d"],
-        "retention": {"1m": "7d", "1h": "90d"},
-        "rollups": [[]],
-    }
-    clicks = {**views, "name": "clicks", "rollups": []}
-    totals = {"name": "totals", "source": "pv", "key": [], "windows": ["1m", "1h"]}
-    visits = {
-        "name": "visits",
-        "source": "pv",
-        "key": ["user"],
-        "session": {"gap": "30m", "max_duration": "4h"},
-        "windows": ["1m", "1h"],
-        "retention": {"1m": "2d", "1h": "30d"},
-    }
-    groups = retention_groups(_plans([views, totals, visits, clicks]))
-    hour = 3_600_000
+    clicks = {**VIEWS, "name": "clicks", "rollups": []}
+    groups = retention_groups(_plans([VIEWS, TOTALS, VISITS, clicks]))
     assert [(g.name, sorted(g.plans)) for g in groups] == [
         ("r0", ["visits", "visits(bounces)", "visits(sessions)"]),
         ("r1", ["clicks", "views", "views[]"]),
         (REST, []),  # the plans keeping every window forever, and any metric no group lists
     ]
-    assert groups[0].split == {MINUTE: 2 * DAY_MS, SESSION_WINDOW_MS: 2 * DAY_MS, hour: 30 * DAY_MS}
-    assert groups[1].split == {MINUTE: 7 * DAY_MS, hour: 90 * DAY_MS}
+    assert groups[0].split == {MINUTE: 2 * DAY_MS, SESSION_WINDOW_MS: 2 * DAY_MS, HOUR: 30 * DAY_MS}
+    assert groups[1].split == {MINUTE: 7 * DAY_MS, HOUR: 90 * DAY_MS}
     assert groups[2] == RetentionGroup(REST, frozenset(), {})
