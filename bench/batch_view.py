@@ -51,6 +51,7 @@ The last line compares the big view with the small one: `<read>_p99_ratio` (targ
 from __future__ import annotations
 
 import argparse
+import itertools
 import mmap
 import os
 import random
@@ -218,22 +219,24 @@ def disk_page_reads(conn: psycopg.Connection[Any], generation: int, n: int) -> d
     view's reads do not find in memory comes). Needs the server's data directory on this
     host (the local stack's)."""
     (directory,), *_ = as_admin(conn, "SHOW data_directory")
-    files = [
-        Path(directory) / f"{path}{suffix}"
-        for (path,) in as_admin(
-            conn,
-            "SELECT pg_relation_filepath(relid) FROM pg_partition_tree(%s) WHERE isleaf",
-            [generation_table(generation)],
-        )
-        for suffix in ("", *(f".{i}" for i in range(1, 1000)))
-        if (Path(directory) / f"{path}{suffix}").exists()
-    ]
-    pages = [(f, f.stat().st_size // 8192) for f in files if f.stat().st_size >= 8192]
+    pages = []  # (a file of the heap, its 8 KiB pages): each table in 1 GiB segments
+    for (path,) in as_admin(
+        conn,
+        "SELECT pg_relation_filepath(relid) FROM pg_partition_tree(%s) WHERE isleaf",
+        [generation_table(generation)],
+    ):
+        for segment in itertools.count():
+            file = Path(directory) / (f"{path}.{segment}" if segment else path)
+            if not file.exists():
+                break
+            if file.stat().st_size >= 8192:
+                pages.append((file, file.stat().st_size // 8192))
+    weights = [count for _, count in pages]
     rng = random.Random(generation)
     buffer = mmap.mmap(-1, 8192)  # page-aligned, as O_DIRECT needs
     latencies = []
     for _ in range(n):
-        path, count = rng.choices(pages, weights=[c for _, c in pages])[0]
+        path, count = rng.choices(pages, weights=weights)[0]
         fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
         try:
             started = time.perf_counter()

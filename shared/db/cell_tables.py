@@ -243,8 +243,7 @@ def add_time_ranges(
     created apart and then attached, which locks the group's table only against other DDL
     (SHARE UPDATE EXCLUSIVE), never against readers, so a served generation grows while it
     is read; the attach builds the new (empty) table's indexes."""
-    held = time_ranges(conn, generation)
-    group_of = _groups_of(conn, generation)
+    held, group_of = _layout(conn, generation)
     split = {group.name: group.split for group in groups}
     wanted: dict[tuple[str, int], list[int]] = {}
     for (metric, window_ms), cell_starts in starts.items():
@@ -281,42 +280,39 @@ _LISTED = re.compile(r"'((?:[^']|'')*)'")
 def time_ranges(conn: psycopg.Connection[Any], generation: int) -> list[TimeRange]:
     """The ranges of a generation, as its partition bounds say: the ranges of each retention
     group's table, or (a generation laid out before retention groups) of its own."""
+    return _layout(conn, generation)[0]
+
+
+def _layout(
+    conn: psycopg.Connection[Any], generation: int
+) -> tuple[list[TimeRange], dict[str | None, str]]:
+    """A generation's time ranges, and its retention groups by metric: metric -> the group
+    listing it; None -> the group of any other metric (`REST`, or "" when the generation
+    has no groups). One read of the catalog: the generation's partitions and theirs."""
     _check_time_partitioned(conn, generation)
+    own = generation_table(generation)
     rows = conn.execute(
         "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), p.relname FROM pg_inherits i "
         "JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent "
         "WHERE i.inhparent = %(g)s::regclass OR i.inhparent IN ("
         "  SELECT inhrelid FROM pg_inherits WHERE inhparent = %(g)s::regclass)",
-        {"g": generation_table(generation)},
+        {"g": own},
     ).fetchall()
     ranges = []
-    for _, bound, parent in rows:
-        found = _BOUND.search(bound)
-        if found is None:
-            continue  # a retention group's table: its ranges are among the rows
-        lo, hi = (None if bound is None else int(bound) for bound in found.group(3, 6))
-        group = parent.removeprefix(generation_table(generation)).removeprefix("_")
-        ranges.append(TimeRange(int(found.group(1)), lo, hi, group))
-    return sorted(ranges, key=lambda r: (r.group, r.window_ms, _lower(r)))
-
-
-def _groups_of(conn: psycopg.Connection[Any], generation: int) -> dict[str | None, str]:
-    """metric -> the retention group of the generation listing it; None -> the group of any
-    other metric (`REST`, or "" when the generation has no groups)."""
-    rows = conn.execute(
-        "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i "
-        "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = %s::regclass "
-        "AND c.relkind = 'p'",
-        [generation_table(generation)],
-    ).fetchall()
     groups: dict[str | None, str] = {None: ""}
-    for name, bound in rows:
-        group = name.removeprefix(generation_table(generation) + "_")
-        if bound == "DEFAULT":
-            groups[None] = group
-        for listed in _LISTED.findall(bound):
-            groups[listed.replace("''", "'")] = group
-    return groups
+    for name, bound, parent in rows:
+        found = _BOUND.search(bound)
+        if found is None:  # a retention group's table
+            group = name.removeprefix(own + "_")
+            if bound == "DEFAULT":
+                groups[None] = group
+            for listed in _LISTED.findall(bound):
+                groups[listed.replace("''", "'")] = group
+            continue
+        lo, hi = (None if bound is None else int(bound) for bound in found.group(3, 6))
+        group = "" if parent == own else parent.removeprefix(own + "_")
+        ranges.append(TimeRange(int(found.group(1)), lo, hi, group))
+    return sorted(ranges, key=lambda r: (r.group, r.window_ms, _lower(r))), groups
 
 
 def _check_time_partitioned(conn: psycopg.Connection[Any], generation: int) -> None:
