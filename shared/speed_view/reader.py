@@ -71,24 +71,18 @@ class SpeedViewReader:
         self._down_until = time.monotonic() + self._cooldown
 
     async def _pipelined(
-        self, queue: Callable[[Any], None], scripts: Sequence[Sequence[Any]] = ()
+        self, queue: Callable[[Any], None] | None, scripts: Sequence[Sequence[Any]] = ()
     ) -> list[Any] | None:
         """The replies of the commands `queue` puts in one pipeline, then of the read script
         called with each of `scripts` (EVALSHA's arguments after the sha); None when Redis
         failed (the breaker opens). On one server the scripts ride in the same pipeline; a
-        cluster pipeline refuses scripts, so there they are sent beside it, concurrently. A
-        script Redis forgot (restart, failover) is loaded once more."""
+        cluster pipeline refuses scripts, so there they are sent beside it, concurrently.
+        Without `queue`, the scripts are sent alone, with no pipeline (one script on one
+        server: a single command). A script Redis forgot (restart, failover) is loaded once
+        more."""
         for attempt in (1, 2):
-            pipe = self.client.pipeline(transaction=False)
-            queue(pipe)
             try:
-                if not self._one_slot_per_partition:
-                    for args in scripts:
-                        pipe.evalsha(self._read_key_sha, *args)
-                    return list(await pipe.execute())
-                sent = [self.client.evalsha(self._read_key_sha, *args) for args in scripts]
-                piped, *scripted = await asyncio.gather(pipe.execute(), *sent)
-                return [*piped, *scripted]
+                return await self._send(queue, scripts)
             except redis.exceptions.NoScriptError:
                 if attempt == 2:
                     break
@@ -100,6 +94,24 @@ class SpeedViewReader:
                 break
         self._failed()
         return None
+
+    async def _send(
+        self, queue: Callable[[Any], None] | None, scripts: Sequence[Sequence[Any]]
+    ) -> list[Any]:
+        sha = self._read_key_sha
+        if queue is None:
+            if len(scripts) == 1:
+                return [await self.client.evalsha(sha, *scripts[0])]
+            return list(await asyncio.gather(*(self.client.evalsha(sha, *a) for a in scripts)))
+        pipe = self.client.pipeline(transaction=False)
+        queue(pipe)
+        if not self._one_slot_per_partition:
+            for args in scripts:
+                pipe.evalsha(sha, *args)
+            return list(await pipe.execute())
+        sent = [self.client.evalsha(sha, *args) for args in scripts]
+        piped, *scripted = await asyncio.gather(pipe.execute(), *sent)
+        return [*piped, *scripted]
 
     async def status(self) -> str:
         """ok, rebuilding (Redis lost its data or a rebuild runs), or unavailable."""
@@ -119,29 +131,40 @@ class SpeedViewReader:
         self, plan: MetricPlan, starts: Sequence[int], key: bytes
     ) -> tuple[str, dict[int, list[bytes]]]:
         """Status and one key's sub-cell states per base cell start (each a multiple of the
-        plan's base window), in one round trip."""
+        plan's base window), in one round trip: on one server, one script call that also
+        reads the status (`read_key.lua`)."""
         if not self._available():
             return "unavailable", {}
         topic, base = plan.source.topic, plan.base_window_ms
         groups = self._partition_groups(plan.source.partitions)
         runs = [n for run in runs_of(starts, base) for n in run]
-
+        status_keys = () if self._one_slot_per_partition else STATUS_KEYS  # one script then
         scripts = []
         for group in groups:
             prefixes = [cell_key_prefix(topic, p, plan.name, plan.version) for p in group]
             fences = [fence_key(topic, p) for p in group]
-            scripts.append([len(fences), *fences, key, base, len(prefixes), *prefixes, *runs])
-        replies = await self._pipelined(_queue_status, scripts)
+            keys = [*status_keys, *fences]
+            scripts.append(
+                [len(keys), *keys, len(status_keys), key, base, len(prefixes), *prefixes, *runs]
+            )
+        replies = await self._pipelined(None if status_keys else _queue_status, scripts)
         if replies is None:
             return "unavailable", {}
+        if status_keys:
+            (has_epoch, rebuilding, *cells), *others = replies
+            by_group = [cells, *others]
+        else:
+            has_epoch, rebuilding, *by_group = replies
         states: dict[int, list[bytes]] = {}
-        for group, reply in zip(groups, replies[2:], strict=True):
-            values = iter(reply)
-            for start in starts:
-                found = [v for v in (next(values) for _ in group) if v is not None]
+        for cells in by_group:
+            for start, found in zip(starts, cells, strict=True):
                 if found:
-                    states.setdefault(start, []).extend(found)
-        return speed_status_of(replies[0], replies[1]), states
+                    held = states.get(start)
+                    if held is None:
+                        states[start] = found
+                    else:
+                        held.extend(found)
+        return speed_status_of(has_epoch, rebuilding), states
 
     async def _each_sub_cell(
         self, command: str, plan: MetricPlan, starts: Sequence[int]
@@ -208,6 +231,10 @@ class SpeedViewReader:
         """Status and the encoded keys present in the given base cells."""
         status, replies = await self._each_sub_cell("hkeys", plan, starts)
         return status, {name for reply in replies for name in reply}
+
+
+STATUS_KEYS = (EPOCH_KEY, REBUILDING_KEY)
+"""What `speed_status_of` reads: whether the epoch marker exists, how many partitions rebuild."""
 
 
 def _queue_status(pipe: Any) -> None:
