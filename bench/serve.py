@@ -30,7 +30,12 @@ starts the server as a subprocess, then measures:
   and each server's CPU seconds (user + system of its process and worker processes) are read
   before and after: `s60_cpu_ms` and `bare_cpu_ms` per request, `vs_bare_cpu` their ratio
   (target <= 2), `s60_closed_rps` and `bare_rps` the rates of those loops (answers other
-  than 200, which cost less, are counted on the printed line);
+  than 200, which cost less, are counted on the printed line). Two rungs between them, each
+  the real app in a process of its own answering the same bytes canned (`canned_app`), say
+  where the difference lies: `app_cpu_ms`, with its middlewares, error handlers, reader auth
+  and routers; `params_cpu_ms`, the route under the series route's own signature (its query
+  parameters and dependencies solved by FastAPI, then unused). What s60 costs past
+  `params_cpu_ms` is the route's own work: both stores read, the merge and the answer;
 - `top_p99_ms`: `top` over a batch hour and over a speed minute, closed loop;
 - `raw_ms`: the underlying PostgreSQL statement + Redis call of one s1440 request, and the
   ratio of an unloaded request's median latency to it;
@@ -60,8 +65,8 @@ the run (the cost of a merged series of hours depends on it). `serving.max_cells
 `GRID_MAX_CELLS`: merging every key's hourly cells over a day reads ~2 x 10^5 cells, past the
 default limit of 50,000 (a 400). `--profile DIR` records the server with
 py-spy (`DIR/<scenario>.txt`, folded stacks) during each grid scenario and s60_1000, and
-during `vs_bare`'s loops (`s60_cpu`, `bare_cpu`: the bare server's; their CPU is measured
-while sampled).
+during `vs_bare`'s loops (`s60_cpu`; `bare_cpu`, `app_cpu`, `params_cpu`: the rungs'
+servers; their CPU is measured while sampled).
 
 The load generator runs on the same machine as the server (here: 2 cores, shared)."""
 
@@ -71,6 +76,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import inspect
 import itertools
 import math
 import os
@@ -84,6 +90,7 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -98,7 +105,7 @@ import redis.asyncio as aioredis
 import uvicorn
 import uvloop
 import yaml
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from fastapi.responses import Response
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
@@ -111,12 +118,15 @@ from batch_layer.run_plan import CELL_SCHEMA  # noqa: E402
 from bench.broker_usage import BrokerUsage  # noqa: E402
 from bench.common import Errors, RawHttp, clock, free_port, pct, with_db  # noqa: E402
 from lambdactl.stack import stack_up  # noqa: E402
+from serving_layer import run_server  # noqa: E402
+from serving_layer.auth import ReaderDep  # noqa: E402
 from serving_layer.batch_view import SERIES_SQL, CellQuery, ServedRow  # noqa: E402
 from serving_layer.merged_view import MergedView  # noqa: E402
 from serving_layer.read_plan import split_starts  # noqa: E402
+from serving_layer.routes import metrics  # noqa: E402
 from serving_layer.timefmt import format_time  # noqa: E402
 from shared.aggregations import CellState, encode_state, fold_inputs  # noqa: E402
-from shared.config import Settings  # noqa: E402
+from shared.config import Settings, load_settings  # noqa: E402
 from shared.db.cells import CELL_COLUMNS, BatchCell  # noqa: E402
 from shared.db.migrate import upgrade  # noqa: E402
 from shared.gc_tuning import freeze_startup_objects  # noqa: E402
@@ -497,13 +507,21 @@ async def raw_reads_ms(settings: Settings, newest: int, page: str, repeats: int 
 
 
 def start_server(config_path: Path, port: int, workers: int) -> subprocess.Popen[bytes]:
-    code = (
+    return start_python(
         "from serving_layer import run_server\n"
         "from shared.config import load_settings\n"
-        f"run_server(load_settings(), '127.0.0.1', {port}, workers={workers})\n"
+        f"run_server(load_settings(), '127.0.0.1', {port}, workers={workers})\n",
+        port,
+        config_path,
     )
+
+
+def start_python(code: str, port: int, config_path: Path | None) -> subprocess.Popen[bytes]:
+    """A Python process running `code` from the repository (with the bench's config, if
+    given, and no `LAMBDA_*` of this environment), once it listens on `port`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAMBDA_")}
-    env["LAMBDA_CONFIG"] = str(config_path)
+    if config_path is not None:
+        env["LAMBDA_CONFIG"] = str(config_path)
     env["PYTHONPATH"] = str(ROOT)
     return listening(subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT), port)
 
@@ -544,8 +562,35 @@ def bare_endpoint(port: int, body_file: str) -> None:
 
 def start_bare(body_file: Path, port: int) -> subprocess.Popen[bytes]:
     code = f"from bench.serve import bare_endpoint\nbare_endpoint({port}, {str(body_file)!r})\n"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return listening(subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT), port)
+    return start_python(code, port, None)
+
+
+def canned_app(port: int, body_file: str, params: bool) -> None:
+    """A rung of `vs_bare`'s ladder (run in its own process): the real app as `run_server`
+    runs it (its middlewares, error handlers and reader auth; the settings of
+    `LAMBDA_CONFIG`), with the series route answering the bytes in `body_file` as they are:
+    with `params`, under the real route's signature (its query parameters and dependencies
+    solved and validated by FastAPI, then unused), else with the path parameter alone."""
+    body = Path(body_file).read_bytes()
+
+    async def canned(**_: Any) -> Response:
+        return Response(body, media_type="application/json")
+
+    router = APIRouter(prefix=metrics.router.prefix, dependencies=[ReaderDep] if params else [])
+    signature = inspect.signature(metrics.series, eval_str=True)
+    if not params:
+        signature = signature.replace(parameters=[signature.parameters["metric_name"]])
+    canned.__signature__ = signature  # type: ignore[attr-defined]
+    router.add_api_route(SERIES_ROUTE.removeprefix(metrics.router.prefix), canned)
+    metrics.router = router  # what `create_app` includes
+    run_server(load_settings(), "127.0.0.1", port, workers=1)
+
+
+def start_canned(
+    config_path: Path, body_file: Path, port: int, params: bool
+) -> subprocess.Popen[bytes]:
+    code = f"from bench.serve import canned_app\ncanned_app({port}, {str(body_file)!r}, {params})\n"
+    return start_python(code, port, config_path)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -574,10 +619,15 @@ async def server_cpu(
 
 
 async def measure_vs_bare(
-    args: argparse.Namespace, port: int, server_pid: int, s60: Callable[[], str]
+    args: argparse.Namespace,
+    port: int,
+    server_pid: int,
+    s60: Callable[[], str],
+    config_path: Path,
 ) -> str:
     """`vs_bare` (see the module's doc): the s60 query's server CPU per request against a
-    bare FastAPI endpoint answering the same body; returns its BENCH fields."""
+    bare FastAPI endpoint answering the same body, and the ladder between them; returns its
+    BENCH fields."""
     requests = int(CPU_REQUESTS * (0.5 if args.quick else 1.0))
     profile = None if args.profile is None else Path(args.profile)
     if profile is not None:
@@ -592,36 +642,58 @@ async def measure_vs_bare(
     with tempfile.TemporaryDirectory() as tmp:
         body_file = Path(tmp) / "s60.json"
         body_file.write_bytes(body)
-        bare_port = free_port()
-        bare = start_bare(body_file, bare_port)
-        try:
-            client = RawHttp("127.0.0.1", bare_port)
-            answer = await client.fetch(s60())
-            client.close()
-            if answer != (200, body):
-                raise SystemExit(f"bare endpoint: HTTP {answer[0]}: {answer[1][:300]!r}")
-            await closed_loop(  # warm up, as the real server is by now
-                lambda: RawHttp("127.0.0.1", bare_port), s60, CPU_CONCURRENCY, requests=300
-            )
-            with profiled(profile, bare.pid, 1, "bare_cpu"):
-                bare_ms, bare_rps, bare_errors = await server_cpu(
-                    bare_port, bare.pid, s60, requests
-                )
-        finally:
-            bare.terminate()
-            bare.wait(10)
+        rungs = {
+            "bare": partial(start_bare, body_file),
+            "app": partial(start_canned, config_path, body_file, params=False),
+            "params": partial(start_canned, config_path, body_file, params=True),
+        }
+        ladder = {
+            rung: await canned_cpu(profile, rung, start, body, s60, requests)
+            for rung, start in rungs.items()
+        }
+    (bare_ms, bare_rps, bare_errors), (app_ms, _, _), (params_ms, _, _) = ladder.values()
     ratio = real_ms / bare_ms
     print(
         f"vs_bare (closed loop, {CPU_CONCURRENCY} concurrent, {requests} s60 requests each; "
         f"bare: a FastAPI route answering the same {len(body)} B body): server CPU per request "
         f"{real_ms:.3f} ms vs {bare_ms:.3f} ms bare, {ratio:.2f}x (target <= 2x); "
-        f"{real_rps:.0f} vs {bare_rps:.0f} req/s; errors {real_errors} vs {bare_errors}",
+        f"{real_rps:.0f} vs {bare_rps:.0f} req/s; errors {real_errors} vs {bare_errors}; "
+        f"the ladder: the app's middlewares and auth +{app_ms - bare_ms:.3f} ms, the route's "
+        f"parameters and dependencies +{params_ms - app_ms:.3f} ms, the route's reads, merge "
+        f"and answer +{real_ms - params_ms:.3f} ms",
         flush=True,
     )
     return (
         f"s60_cpu_ms={real_ms:.3f} bare_cpu_ms={bare_ms:.3f} vs_bare_cpu={ratio:.2f} "
+        f"app_cpu_ms={app_ms:.3f} params_cpu_ms={params_ms:.3f} "
         f"s60_closed_rps={real_rps:.0f} bare_rps={bare_rps:.0f}"
     )
+
+
+async def canned_cpu(
+    profile: Path | None,
+    rung: str,
+    start: Callable[[int], subprocess.Popen[bytes]],
+    body: bytes,
+    s60: Callable[[], str],
+    requests: int,
+) -> tuple[float, float, Errors]:
+    """`server_cpu` of a server answering `body` canned (`start(port)`), checked, warmed up
+    first as the real server is by then."""
+    port = free_port()
+    server = start(port)
+    try:
+        client = RawHttp("127.0.0.1", port)
+        answer = await client.fetch(s60())
+        client.close()
+        if answer != (200, body):
+            raise SystemExit(f"{rung} endpoint: HTTP {answer[0]}: {answer[1][:300]!r}")
+        await closed_loop(lambda: RawHttp("127.0.0.1", port), s60, CPU_CONCURRENCY, requests=300)
+        with profiled(profile, server.pid, 1, f"{rung}_cpu"):
+            return await server_cpu(port, server.pid, s60, requests)
+    finally:
+        server.terminate()
+        server.wait(10)
 
 
 async def measure(
@@ -631,6 +703,7 @@ async def measure(
     watermark: int,
     settings: Settings,
     server_pid: int,
+    config_path: Path,
 ) -> tuple[str, str]:
     """Every scenario; returns the BENCH line's head (the views scenarios) and tail (grid and
     s60_1000), which go either side of the broker's figures."""
@@ -682,7 +755,7 @@ async def measure(
         f"p50 {max_p50:.1f} ms, p99 {max_p99:.1f} ms",
         flush=True,
     )
-    vs_bare = await measure_vs_bare(args, port, server_pid, series(HOUR))
+    vs_bare = await measure_vs_bare(args, port, server_pid, series(HOUR), config_path)
     batch_hour = (watermark - 3 * HOUR) // HOUR * HOUR
     tops = [
         {"window": "1h", "at": format_time(batch_hour), "by": "count", "n": 10},
@@ -995,7 +1068,7 @@ def main() -> None:
             gc.freeze()  # the generator's own GC pauses would be charged to the server
             with BrokerUsage() as broker:
                 head, tail = uvloop.run(
-                    measure(args, port, newest, watermark, settings, server.pid)
+                    measure(args, port, newest, watermark, settings, server.pid, config_path)
                 )
             print(head, broker.figures(), tail, flush=True)
         finally:
