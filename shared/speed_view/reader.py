@@ -77,9 +77,8 @@ class SpeedViewReader:
         called with each of `scripts` (EVALSHA's arguments after the sha); None when Redis
         failed (the breaker opens). On one server the scripts ride in the same pipeline; a
         cluster pipeline refuses scripts, so there they are sent beside it, concurrently.
-        Without `queue`, the scripts are sent alone, with no pipeline (one script on one
-        server: a single command). A script Redis forgot (restart, failover) is loaded once
-        more."""
+        Without `queue`, each script is sent alone, as one command (one key's read on one
+        server). A script Redis forgot (restart, failover) is loaded once more."""
         for attempt in (1, 2):
             try:
                 return await self._send(queue, scripts)
@@ -100,9 +99,7 @@ class SpeedViewReader:
     ) -> list[Any]:
         sha = self._read_key_sha
         if queue is None:
-            if len(scripts) == 1:
-                return [await self.client.evalsha(sha, *scripts[0])]
-            return list(await asyncio.gather(*(self.client.evalsha(sha, *a) for a in scripts)))
+            return [await self.client.evalsha(sha, *args) for args in scripts]
         pipe = self.client.pipeline(transaction=False)
         queue(pipe)
         if not self._one_slot_per_partition:
@@ -138,7 +135,7 @@ class SpeedViewReader:
         topic, base = plan.source.topic, plan.base_window_ms
         groups = self._partition_groups(plan.source.partitions)
         runs = [n for run in runs_of(starts, base) for n in run]
-        status_keys = () if self._one_slot_per_partition else STATUS_KEYS  # one script then
+        status_keys = () if self._one_slot_per_partition else STATUS_KEYS  # one group then
         scripts = []
         for group in groups:
             prefixes = [cell_key_prefix(topic, p, plan.name, plan.version) for p in group]
