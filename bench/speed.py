@@ -2,8 +2,8 @@
 freshness through `GET /series`, and Redis memory per cell.
 
     .venv/bin/python bench/speed.py [--quick] [--events N] [--partitions P]
-        [--peers] [--expressions] [--lookups [--table-keys K]] [--sessions] [--profile DIR]
-        [--skip-freshness]
+        [--peers] [--expressions] [--lookups [--table-keys K]] [--sessions] [--workers N]
+        [--profile DIR] [--skip-freshness]
 
 Brings up the local stack (`lambdactl.stack.stack_up`), gives itself a fresh topic, a fresh
 PostgreSQL database (no batch run: W is None) and a Redis database (`--redis-db`, default 13,
@@ -42,6 +42,13 @@ flushed), then:
 6. with `--peers`: the engines users would pick instead (`bench/peers`), one after the other
    over the same topic from its beginning, each under a fresh application id: Kafka Streams
    `at_least_once`, Kafka Streams `exactly_once_v2` and quix-streams (at-least-once);
+6b. with `--workers N`: N workers in one consumer group (the partitions split between them)
+   over the same topic from its beginning, in a Redis database and group of their own, timed
+   as step 3 (their CPU summed): what the machine's other core gives, since one worker is one
+   Python process (the GIL holds it to ~one core) where Kafka Streams with one stream thread
+   keeps more cores busy (its producer, RocksDB, the JVM's collectors). The local broker
+   assigns at once (`group.initial.rebalance.delay.ms` 0), so the group's rebalance as the
+   later workers join falls inside the figure;
 7. freshness: background load at `--rate` events/s plus one probe event every 100 ms on its own
    page; time from produce to the probe's count being visible through `GET /series`.
 
@@ -58,7 +65,8 @@ Ends with one line:
 kstreams_eos_per_s=<n> quix_per_s=<n> vs_kstreams=<r> vs_kstreams_eos=<r> vs_quix=<r>]
 [expr_events_per_s=<n> expr_ratio=<r>] [lookup_events_per_s=<n> lookup_ratio=<r>
 lookup_first_batch_s=<s> plain_first_batch_s=<s> [lookup_table_read_s=<s>]]
-[session_events_per_s=<n> session_ratio=<r>]
+[session_events_per_s=<n> session_ratio=<r>] [workers=<n> workers_per_s=<n>
+workers_ratio=<r> [workers_vs_kstreams=<r>]]
 freshness_p50_ms=<n> freshness_p99_ms=<n> redis_bytes_per_cell=<n> broker_cpu_s=<s>
 broker_rss_mb=<n>` (on one line; the broker's figures cover the worker's run; `vs_<peer>` is
 the worker's events/s over the peer's; `expr_ratio` as in step 5, the `lookup_` fields as in
@@ -290,7 +298,8 @@ def cpu_seconds(pid: int) -> float:
 class WorkerRun(NamedTuple):
     rate: float
     """Events/s from the first applied batch until every fence is at the end."""
-    worker: subprocess.Popen[bytes]
+    workers: list[subprocess.Popen[bytes]]
+    """The worker processes (one consumer group), still running."""
     first_batch_s: float
     """From the worker's start to its first applied batch (seen in its fences)."""
     marker_s: float | None
@@ -306,28 +315,35 @@ def measure_worker(
     log_path: str = "/tmp/bench-speed-worker.log",
     marker: str | None = None,
     profile: Path | None = None,
+    processes: int = 1,
 ) -> WorkerRun:
-    """Start a worker; events/s from the first applied batch until every fence is at the end
-    (so its start-up, and the tables it reads before its first batch, are not in it). Also
-    logs the worker's CPU time per event over the same span: on a busy machine it moves much
-    less than events/s does; and when its first batch was applied and, given `marker`, when
-    the worker logged it (polled every 50 ms, as the fences). `profile`: py-spy samples the
-    worker from its start until it caught up, into that file (collapsed stacks)."""
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "lambdactl", "speed"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=open(log_path, "wb"),  # noqa: SIM115
-    )
+    """Start a worker (or `processes` of them, one consumer group: the second core's share);
+    events/s from the first applied batch until every fence is at the end (so its start-up,
+    and the tables it reads before its first batch, are not in it). Also logs the workers'
+    CPU time per event over the same span: on a busy machine it moves much less than events/s
+    does; and when its first batch was applied and, given `marker`, when the first worker
+    logged it (polled every 50 ms, as the fences). `profile`: py-spy samples the first worker
+    from its start until it caught up, into that file (collapsed stacks)."""
+    workers: list[subprocess.Popen[bytes]] = []
     try:
-        return _follow(worker, client, topic, ends, timeout_s, log_path, marker, profile)
+        for n in range(processes):
+            workers.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "lambdactl", "speed"],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=open(log_path if n == 0 else f"{log_path}.{n}", "wb"),  # noqa: SIM115
+                )
+            )
+        return _follow(workers, client, topic, ends, timeout_s, log_path, marker, profile)
     except BaseException:
-        stop_worker(worker)
+        for worker in workers:
+            stop_worker(worker)
         raise
 
 
 def _follow(
-    worker: subprocess.Popen[bytes],
+    workers: list[subprocess.Popen[bytes]],
     client: redis.Redis,
     topic: str,
     ends: dict[int, int],
@@ -338,7 +354,11 @@ def _follow(
 ) -> WorkerRun:
     """`measure_worker` once the worker is started."""
     began = time.perf_counter()
-    spy = None if profile is None else start_profile(worker.pid, profile)
+    spy = None if profile is None else start_profile(workers[0].pid, profile)
+
+    def cpu() -> float:
+        return sum(cpu_seconds(w.pid) for w in workers)
+
     partitions = len(ends)
     deadline = time.monotonic() + timeout_s
     first: tuple[float, int] | None = None
@@ -357,20 +377,20 @@ def _follow(
             done = sum(f + 1 for f in current)
             if first is None and done > 0:
                 first = (now, done)
-                first_cpu = cpu_seconds(worker.pid)
+                first_cpu = cpu()
             if current == want:
                 assert first is not None
                 rate = (done - first[1]) / max(now - first[0], 1e-6)
-                used = cpu_seconds(worker.pid) - first_cpu
+                used = cpu() - first_cpu
                 log(
                     f"worker CPU: {used / max(done - first[1], 1) * 1e6:.1f} us/event; first "
                     f"batch applied {first[0] - began:.1f} s after the worker's start"
                 )
                 if spy is not None:
                     stop_profile(spy)
-                return WorkerRun(rate, worker, first[0] - began, marker_s)
-            if worker.poll() is not None:
-                raise RuntimeError(f"the worker exited; see {log_path}")
+                return WorkerRun(rate, workers, first[0] - began, marker_s)
+            if any(w.poll() is not None for w in workers):
+                raise RuntimeError(f"a worker exited; see {log_path}*")
             time.sleep(0.05)
     if spy is not None:
         stop_profile(spy)
@@ -411,12 +431,13 @@ def rerun_worker(
     ends: dict[int, int],
     variant: str,
     profile: Path | None = None,
+    processes: int = 1,
 ) -> WorkerRun:
     """Another worker's run over the same topic from offset 0, in a Redis database
-    (`--expr-redis-db`, flushed) and consumer group of its own, the worker stopped after it;
-    `variant` (`VARIANTS`): its metrics. A `lookup` worker's table read is timed from its
-    start to its `event=tables_read` log line. `profile`: py-spy's output (see
-    `measure_worker`)."""
+    (`--expr-redis-db`, flushed) and consumer group of its own (`processes` workers in it),
+    the workers stopped after it; `variant` (`VARIANTS`): its metrics. A `lookup` worker's
+    table read is timed from its start to its `event=tables_read` log line. `profile`:
+    py-spy's output (see `measure_worker`)."""
     assert variant in VARIANTS, variant
     config = build_config(
         tag,
@@ -430,6 +451,7 @@ def rerun_worker(
         sessions=variant == "session",
     )
     name = variant if profile is None else f"{variant}-profiled"
+    name += "" if processes == 1 else f"-x{processes}"
     config["speed"]["app_id"] = f"bench-{tag}-{name}"
     client = redis.Redis.from_url(config["redis"]["url"])
     client.flushdb()
@@ -449,10 +471,11 @@ def rerun_worker(
             log_path=f"/tmp/bench-speed-worker-{name}.log",
             marker="event=tables_read" if variant == "lookup" else None,
             profile=profile,
+            processes=processes,
         )
     finally:
-        if run is not None:
-            stop_worker(run.worker)
+        for worker in [] if run is None else run.workers:
+            stop_worker(worker)
         client.flushdb()
     return run
 
@@ -638,6 +661,13 @@ def main() -> None:
         "same topic (bench/peers; needs Java 17+ and Maven)",
     )
     parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="then also N workers in one consumer group over the same topic (the partitions "
+        "split between them: what a second core gives)",
+    )
+    parser.add_argument(
         "--peer-grace-s",
         type=int,
         default=3 * 3600,
@@ -737,7 +767,7 @@ def main() -> None:
         ceiling = measure_ceiling(bootstrap, topic, ends)
         log(f"ceiling (aiokafka getmany + orjson): {ceiling:,.0f} events/s")
         with BrokerUsage() as broker:
-            rate, worker, _, _ = measure_worker(env, client, topic, ends, timeout_s=600)
+            rate, (worker,), _, _ = measure_worker(env, client, topic, ends, timeout_s=600)
         log(f"broker during the worker's run: {broker.figures()}")
         log(f"worker: {rate:,.0f} events/s sustained ({rate / ceiling:.3f} of the ceiling)")
         per_cell, _ = redis_memory(client, settings, produced)
@@ -798,6 +828,18 @@ def main() -> None:
             peer_fields = [f"{name}_per_s={v:.0f}" for name, v in per_s.items()]
             peer_fields += [f"vs_{name}={rate / v:.3f}" for name, v in per_s.items()]
             extra = " ".join(peer_fields) + " " + extra
+        if args.workers > 1:  # the second core's share, after the peers: beside them in time
+            scaled = rerun_worker(args, tag, stack, speed, ends, "plain", processes=args.workers)
+            log(
+                f"{args.workers} workers in one group: {scaled.rate:,.0f} events/s "
+                f"({scaled.rate / ceiling:.3f} of the ceiling, {scaled.rate / rate:.2f}x one)"
+            )
+            extra += (
+                f"workers={args.workers} workers_per_s={scaled.rate:.0f} "
+                f"workers_ratio={scaled.rate / ceiling:.3f} "
+            )
+            if args.peers:
+                extra += f"workers_vs_kstreams={scaled.rate / per_s['kstreams']:.3f} "
         if args.profile is not None:
             args.profile.mkdir(parents=True, exist_ok=True)
             measured = ["plain"] + ["expr"] * args.expressions + ["lookup"] * args.lookups
@@ -806,7 +848,8 @@ def main() -> None:
                 out = args.profile / f"speed-{variant}.txt"
                 profiled = rerun_worker(args, tag, stack, speed, ends, variant, profile=out)
                 log(f"{variant} worker under py-spy: {profiled.rate:,.0f} events/s; {out}")
-        if args.peers or args.expressions or args.lookups or args.sessions or args.profile:
+        reruns = args.expressions or args.lookups or args.sessions or args.workers > 1
+        if args.peers or reruns or args.profile:
             log(f"the idle worker used {cpu_seconds(worker.pid) - idle_cpu:.1f} CPU s meanwhile")
         p50 = p99 = float("nan")
         if not args.skip_freshness:
