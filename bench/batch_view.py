@@ -23,7 +23,10 @@ Figures per view:
   answer cached), after as many unmeasured reads; p50 beside; `_pages`: the 8 KiB pages one
   read touches (a page as often as it is touched), `_heap_pages`: the distinct heap pages its
   cells are on (what comes from disk once the view outgrows memory, beside the index's
-  leaves). Two patterns: `recent`, starts in the view's last 2 days (what dashboards
+  leaves); `_dirty_mb`: the machine's dirty page cache when the reads began, `_written_mb`:
+  what the machine wrote to disk while they ran (`/proc/meminfo`, `/proc/vmstat`: writeback
+  beside random reads is what lengthened their tail in a probe; see docs/performance.md).
+  Two patterns: `recent`, starts in the view's last 2 days (what dashboards
   poll), and `any`, starts anywhere in it (the worst case: once the view outgrows memory,
   most of those pages come from disk);
 - `disk_page_p50_ms`, `disk_page_p99_ms`: the physical limit beside those reads, single
@@ -281,7 +284,10 @@ def reads(
         )
 
     latencies = []
+    dirty_mb, written_kib = _kernel("/proc/meminfo", "Dirty:") / 1024, _written_kib()
     for i in range(2 * n):
+        if i == n:
+            dirty_mb, written_kib = _kernel("/proc/meminfo", "Dirty:") / 1024, _written_kib()
         asked = params()
         started = time.perf_counter()
         rows = conn.execute(SERIES_SQL, asked, prepare=True).fetchall()
@@ -289,6 +295,7 @@ def reads(
         assert len(rows) == cells and rows[0][3] == MINUTE, (asked["key"], len(rows))
         if i >= n:
             latencies.append(elapsed)
+    written_mb = (_written_kib() - written_kib) / 1024
     asked = params()
     explained = conn.execute(
         sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + sql.SQL(SERIES_SQL), asked
@@ -305,7 +312,22 @@ def reads(
         "p99_ms": pct(latencies, 0.99),
         "pages": pages,
         "heap_pages": heap_pages,
+        "dirty_mb": dirty_mb,
+        "written_mb": written_mb,
     }
+
+
+def _kernel(path: str, field: str) -> int:
+    """A field of one of the kernel's counters files (`/proc/meminfo`: kB; `/proc/vmstat`)."""
+    for line in Path(path).read_text().splitlines():
+        if line.startswith(field):
+            return int(line.split()[1])
+    raise SystemExit(f"{path} has no {field.strip()} field")
+
+
+def _written_kib() -> int:
+    """KiB the machine has written to disk since boot (`pgpgout`)."""
+    return _kernel("/proc/vmstat", "pgpgout ")
 
 
 def incremental_publications(conn: psycopg.Connection[Any], plan: MetricPlan) -> float:
