@@ -75,10 +75,10 @@ class SpeedViewReader:
     ) -> list[Any] | None:
         """The replies of the commands `queue` puts in one pipeline, then of the read script
         called with each of `scripts` (EVALSHA's arguments after the sha); None when Redis
-        failed (the breaker opens). On one server the scripts ride in the same pipeline; a
-        cluster pipeline refuses scripts, so there they are sent beside it, concurrently.
-        Without `queue`, each script is sent alone, as one command (one key's read on one
-        server). A script Redis forgot (restart, failover) is loaded once more."""
+        failed (the breaker opens). The scripts are sent beside the pipeline, concurrently
+        (a cluster pipeline refuses scripts; only a cluster's reads queue both). Without
+        `queue`, each script is sent alone, as one command (one key's read on one server). A
+        script Redis forgot (restart, failover) is loaded once more."""
         for attempt in (1, 2):
             try:
                 return await self._send(queue, scripts)
@@ -102,10 +102,6 @@ class SpeedViewReader:
             return [await self.client.evalsha(sha, *args) for args in scripts]
         pipe = self.client.pipeline(transaction=False)
         queue(pipe)
-        if not self._one_slot_per_partition:
-            for args in scripts:
-                pipe.evalsha(sha, *args)
-            return list(await pipe.execute())
         sent = [self.client.evalsha(sha, *args) for args in scripts]
         piped, *scripted = await asyncio.gather(pipe.execute(), *sent)
         return [*piped, *scripted]
