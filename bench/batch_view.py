@@ -26,6 +26,12 @@ Figures per view:
   leaves); `_dirty_mb`: the machine's dirty page cache when the reads began, `_written_mb`:
   what the machine wrote to disk while they ran (`/proc/meminfo`, `/proc/vmstat`: writeback
   beside random reads is what lengthened their tail in a probe; see docs/performance.md).
+  Then as many reads again under `EXPLAIN (ANALYZE, BUFFERS, TIMING OFF)` with
+  `track_io_timing` on, to say where their time goes: `_io_tail_share`, over the slowest 1%
+  of them, the share of their time the backend spent waiting on reads of pages it did not
+  hold in shared buffers (from the page cache or the disk); `_io_share`, the same over all of
+  them; `_blocks_read_p50`/`_p99`, such pages per read; `_io_ms_per_block`, the wait per such
+  page (an `O_DIRECT` page read's beside it says whether they came from the disk);
   Two patterns: `recent`, starts in the view's last 2 days (what dashboards
   poll), and `any`, starts anywhere in it (the worst case: once the view outgrows memory,
   most of those pages come from disk);
@@ -62,8 +68,9 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import sql
@@ -296,11 +303,14 @@ def reads(
         if i >= n:
             latencies.append(elapsed)
     written_mb = (_written_kib() - written_kib) / 1024
+    waits = [explained(conn, params()) for _ in range(n)]
+    tail = sorted(waits, key=lambda wait: wait.elapsed_ms)[-max(1, n // 100) :]
+    blocks_read = [wait.blocks_read for wait in waits]
     asked = params()
-    explained = conn.execute(
+    plan_node = conn.execute(
         sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + sql.SQL(SERIES_SQL), asked
     ).fetchone()[0][0]["Plan"]  # type: ignore[index]
-    pages = explained["Shared Hit Blocks"] + explained["Shared Read Blocks"]
+    pages = plan_node["Shared Hit Blocks"] + plan_node["Shared Read Blocks"]
     heap_pages = conn.execute(
         "SELECT count(DISTINCT (tableoid, (ctid::text::point)[0])) FROM batch_cells "
         "WHERE generation = %(generation)s AND metric = %(metric)s AND version = %(version)s "
@@ -314,7 +324,39 @@ def reads(
         "heap_pages": heap_pages,
         "dirty_mb": dirty_mb,
         "written_mb": written_mb,
+        "io_tail_share": IoWait.share(tail),
+        "io_share": IoWait.share(waits),
+        "blocks_read_p50": pct(blocks_read, 0.5),
+        "blocks_read_p99": pct(blocks_read, 0.99),
+        "io_ms_per_block": sum(w.io_ms for w in waits) / max(1, sum(blocks_read)),
     }
+
+
+class IoWait(NamedTuple):
+    """One read's time, and what of it the backend waited on pages it did not hold in shared
+    buffers (`track_io_timing`), and how many such pages it read."""
+
+    elapsed_ms: float
+    io_ms: float
+    blocks_read: int
+
+    @staticmethod
+    def share(waits: Sequence[IoWait]) -> float:
+        return sum(w.io_ms for w in waits) / sum(w.elapsed_ms for w in waits)
+
+
+def explained(conn: psycopg.Connection[Any], asked: dict[str, Any]) -> IoWait:
+    """One series read under `EXPLAIN (ANALYZE, BUFFERS, TIMING OFF)`: its time as the client
+    saw it, and its top node's read wait and pages read (children included). The database
+    has `track_io_timing` on (`measure`)."""
+    started = time.perf_counter()
+    (document,) = conn.execute(
+        sql.SQL("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) ") + sql.SQL(SERIES_SQL),
+        asked,
+    ).fetchone()  # type: ignore[misc]
+    elapsed_ms = (time.perf_counter() - started) * 1000
+    node = document[0]["Plan"]
+    return IoWait(elapsed_ms, node.get("I/O Read Time", 0.0), node["Shared Read Blocks"])
 
 
 def _kernel(path: str, field: str) -> int:
@@ -399,6 +441,7 @@ def measure(base: Settings, name: str, cells: int, n: int) -> dict[str, float]:
     dbname = f"lp_bench_view_{name}_{uuid.uuid4().hex[:6]}"
     with psycopg.connect(base.postgres.url, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+        as_admin(admin, f"ALTER DATABASE {dbname} SET track_io_timing = on")  # `explained`
     url = with_db(base.postgres.url, dbname)
     try:
         upgrade(url)
