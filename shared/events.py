@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from functools import lru_cache
 from typing import Any, NamedTuple
 
+import msgspec
 import orjson
 
 from shared.config import SourceConfig
@@ -44,7 +45,10 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 _EXACT_INT_LIMIT = 2.0**63
 """orjson reads integers beyond 64 bits as floats; such a document is re-read exactly. Only a
-top-level float at or beyond 2**63 can be one (its text has 19+ digits or an exponent)."""
+float at or beyond 2**63 can be one (its text has 19+ digits or an exponent)."""
+
+_EXACT_DECODER = msgspec.json.Decoder()
+"""Reads integers of any size exactly (orjson reads those beyond 64 bits as floats)."""
 
 
 def _reject_constant(name: str) -> object:
@@ -54,18 +58,29 @@ def _reject_constant(name: str) -> object:
 def decode_json(value: bytes) -> object:
     """Decode a record value as strict JSON; raise ValueError when it is not.
 
-    orjson is the fast path. It rejects numbers that overflow a double (`1e400`) and reads
-    integers beyond 64 bits as floats (at any depth); in both cases the text is valid JSON, so
-    the standard library re-reads it exactly (`1e400` becomes inf, a skip for the value field;
-    a huge integer keeps its digits, a valid dimension). `NaN`/`Infinity` and lone surrogates
-    are not JSON; nesting too deep for the decoders raises RecursionError."""
+    Every number is read exactly as the standard library reads it (integers of any size
+    exact, `1e400` infinite), nesting up to 1,024 levels, the cheapest way that gives it.
+    msgspec is the fast path: it reads integers of any size exactly, and refuses numbers that
+    overflow a double (`1e400`) and anything that is not JSON, which the standard library then
+    reads (or refuses). msgspec also refuses nesting deeper than Python's recursion limit less
+    the caller's frames; orjson reads up to 1,024 levels, so such a document goes to orjson,
+    whose integers beyond 64 bits come back as floats (at any depth): a document where one may
+    have is re-read by the standard library. `NaN`/`Infinity` and lone surrogates are not JSON;
+    nesting too deep for every decoder raises RecursionError. msgspec alone costs less than
+    orjson did with the walk for floats beyond 2**63 that exactness needed after it: the walk
+    was ~15% of `decide`'s CPU (docs/performance.md)."""
     try:
-        decoded = orjson.loads(value)
-    except orjson.JSONDecodeError:
+        return _EXACT_DECODER.decode(value)
+    except msgspec.DecodeError:
         pass
-    else:
-        if type(decoded) is not dict or not _may_be_inexact(decoded.values()):
-            return decoded
+    except RecursionError:
+        try:
+            decoded = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            pass
+        else:
+            if type(decoded) is not dict or not _may_be_inexact(decoded.values()):
+                return decoded
     decoded = json.loads(value.decode("utf-8"), parse_constant=_reject_constant)
     json.dumps(decoded, ensure_ascii=False).encode("utf-8")  # lone surrogates raise here
     return decoded

@@ -19,6 +19,7 @@ from shared.events import (
     Skipped,
     SourceEvent,
     canonical,
+    decode_json,
     metric_input,
     parse_event_time,
     parse_record,
@@ -509,6 +510,32 @@ def test_deep_nesting_is_malformed_not_a_crash(depth: int) -> None:
     nested = b"[" * depth + b"]" * depth
     value = b'{"id": "e1", "ts": %d, "x": %s, "lat": 1e999}' % (T0, nested)
     assert reason(parse_record(value, CREATE, SOURCE)) == "not_json"
+
+
+@pytest.mark.parametrize("depth", [1_000, 1_024])
+def test_nesting_up_to_1024_levels_is_read(depth: int) -> None:
+    """Past what the fast decoder reads under Python's recursion limit, up to orjson's 1,024
+    levels (the record's own object is one): still a source-valid event."""
+    nested = b"[" * (depth - 1) + b"]" * (depth - 1)
+    result = parse_record(b'{"id": "e1", "ts": %d, "x": %s}' % (T0, nested), CREATE, SOURCE)
+    assert isinstance(result, SourceEvent), result
+
+
+def test_integers_beyond_64_bits_keep_their_digits_at_any_depth() -> None:
+    value = b'{"id": "e1", "ts": %d, "geo": %s}' % (T0, b'{"n": ' * 50 + b"%d" % 2**70 + b"}" * 50)
+    geo = decode_json(value)["geo"]  # type: ignore[index]
+    for _ in range(49):
+        geo = geo["n"]
+    assert geo == {"n": 2**70} and type(geo["n"]) is int
+
+
+@settings(max_examples=300, deadline=None)
+@given(document=st.dictionaries(st.text(max_size=8), st.deferred(lambda: _JSON), max_size=6))
+def test_decoding_reads_every_number_as_the_standard_library_does(document: dict[str, Any]) -> None:
+    """The fast decoder's answer is the standard library's, integers of any size and floats
+    alike (`json.dumps` tells an int from an equal float)."""
+    text = json.dumps(document).encode()
+    assert json.dumps(decode_json(text)) == json.dumps(json.loads(text))
 
 
 # --------------------------------------------------------------------------- never raises
