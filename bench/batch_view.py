@@ -27,11 +27,13 @@ Figures per view:
   what the machine wrote to disk while they ran (`/proc/meminfo`, `/proc/vmstat`: writeback
   beside random reads is what lengthened their tail in a probe; see docs/performance.md).
   Then as many reads again under `EXPLAIN (ANALYZE, BUFFERS, TIMING OFF)` with
-  `track_io_timing` on, to say where their time goes: `_io_tail_share`, over the slowest 1%
-  of them, the share of their time the backend spent waiting on reads of pages it did not
-  hold in shared buffers (from the page cache or the disk); `_io_share`, the same over all of
-  them; `_blocks_read_p50`/`_p99`, such pages per read; `_io_ms_per_block`, the wait per such
-  page (an `O_DIRECT` page read's beside it says whether they came from the disk);
+  `track_io_timing` on, to say where their time goes: `_executed_p50_ms`/`_p99_ms`, their
+  execution times (no planning, as the API's prepared statement); `_io_tail_share`, over the
+  slowest 1% of them, the share of their execution the backend spent reading pages it did not
+  hold in shared buffers (from the page cache or the disk) and writing dirty ones it evicted;
+  `_io_share`, the same over all of them; `_blocks_read_p50`/`_p99`, pages read per read;
+  `_io_ms_per_block`, the I/O time per page read (an `O_DIRECT` page read's beside it says
+  whether they came from the disk);
   Two patterns: `recent`, starts in the view's last 2 days (what dashboards
   poll), and `any`, starts anywhere in it (the worst case: once the view outgrows memory,
   most of those pages come from disk);
@@ -304,7 +306,7 @@ def reads(
             latencies.append(elapsed)
     written_mb = (_written_kib() - written_kib) / 1024
     waits = [explained(conn, params()) for _ in range(n)]
-    tail = sorted(waits, key=lambda wait: wait.elapsed_ms)[-max(1, n // 100) :]
+    tail = sorted(waits, key=lambda wait: wait.execution_ms)[-max(1, n // 100) :]
     blocks_read = [wait.blocks_read for wait in waits]
     asked = params()
     plan_node = conn.execute(
@@ -324,6 +326,8 @@ def reads(
         "heap_pages": heap_pages,
         "dirty_mb": dirty_mb,
         "written_mb": written_mb,
+        "executed_p50_ms": pct([w.execution_ms for w in waits], 0.5),
+        "executed_p99_ms": pct([w.execution_ms for w in waits], 0.99),
         "io_tail_share": IoWait.share(tail),
         "io_share": IoWait.share(waits),
         "blocks_read_p50": pct(blocks_read, 0.5),
@@ -333,30 +337,31 @@ def reads(
 
 
 class IoWait(NamedTuple):
-    """One read's time, and what of it the backend waited on pages it did not hold in shared
-    buffers (`track_io_timing`), and how many such pages it read."""
+    """One read's execution time, what of it the backend spent reading and writing pages
+    (`track_io_timing`: pages it did not hold in shared buffers, and dirty buffers it evicted
+    to make room), and how many pages it read."""
 
-    elapsed_ms: float
+    execution_ms: float
     io_ms: float
     blocks_read: int
 
     @staticmethod
     def share(waits: Sequence[IoWait]) -> float:
-        return sum(w.io_ms for w in waits) / sum(w.elapsed_ms for w in waits)
+        return sum(w.io_ms for w in waits) / sum(w.execution_ms for w in waits)
 
 
 def explained(conn: psycopg.Connection[Any], asked: dict[str, Any]) -> IoWait:
-    """One series read under `EXPLAIN (ANALYZE, BUFFERS, TIMING OFF)`: its time as the client
-    saw it, and its top node's read wait and pages read (children included). The database
-    has `track_io_timing` on (`measure`)."""
-    started = time.perf_counter()
+    """One series read under `EXPLAIN (ANALYZE, BUFFERS, TIMING OFF)`: its execution time (not
+    its planning: the API's statement is prepared, this one is not) and its top node's I/O
+    time and pages read (children included). The database has `track_io_timing` on
+    (`measure`)."""
     (document,) = conn.execute(
         sql.SQL("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) ") + sql.SQL(SERIES_SQL),
         asked,
     ).fetchone()  # type: ignore[misc]
-    elapsed_ms = (time.perf_counter() - started) * 1000
     node = document[0]["Plan"]
-    return IoWait(elapsed_ms, node.get("I/O Read Time", 0.0), node["Shared Read Blocks"])
+    io_ms = node.get("I/O Read Time", 0.0) + node.get("I/O Write Time", 0.0)
+    return IoWait(document[0]["Execution Time"], io_ms, node["Shared Read Blocks"])
 
 
 def _kernel(path: str, field: str) -> int:
