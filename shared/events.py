@@ -58,17 +58,15 @@ def _reject_constant(name: str) -> object:
 def decode_json(value: bytes) -> object:
     """Decode a record value as strict JSON; raise ValueError when it is not.
 
-    Every number is read exactly as the standard library reads it (integers of any size
-    exact, `1e400` infinite), nesting up to 1,024 levels, the cheapest way that gives it.
-    msgspec is the fast path: it reads integers of any size exactly, and refuses numbers that
-    overflow a double (`1e400`) and anything that is not JSON, which the standard library then
-    reads (or refuses). msgspec also refuses nesting deeper than Python's recursion limit less
-    the caller's frames; orjson reads up to 1,024 levels, so such a document goes to orjson,
-    whose integers beyond 64 bits come back as floats (at any depth): a document where one may
-    have is re-read by the standard library. `NaN`/`Infinity` and lone surrogates are not JSON;
-    nesting too deep for every decoder raises RecursionError. msgspec alone costs less than
-    orjson did with the walk for floats beyond 2**63 that exactness needed after it: the walk
-    was ~15% of `decide`'s CPU (docs/performance.md)."""
+    Numbers are read as the standard library reads them: integers of any size exact, `1e400`
+    infinite (a skip for a value field). msgspec, the fast path, gives that answer for every
+    document it accepts; what it refuses (`1e400`, anything not JSON) the standard library
+    reads or refuses. Nesting deeper than msgspec reads under the recursion limit goes to
+    orjson (up to 1,024 levels), whose integers beyond 64 bits come back as floats, so a
+    document where one may have is re-read by the standard library. `NaN`/`Infinity` and lone
+    surrogates are not JSON; nesting too deep for every decoder raises RecursionError.
+    (msgspec replaced orjson and the walk for floats beyond 2**63 after every document, ~15%
+    of the speed layer's `decide`: docs/performance.md.)"""
     try:
         return _EXACT_DECODER.decode(value)
     except msgspec.DecodeError:
