@@ -21,6 +21,8 @@ B records (process CPU):
    bookkeeping, the late events' list, skip counters), refuses nothing (the bench's events are
    clean) and parses with pyarrow, which the speed layer may not ("Event validity" in
    docs/semantics.md: it parses with the shared parser): a lower bound, not a design.
+   `tests/unit/test_bench_decide.py` holds it to the (cell, key) groups and counts `decide`
+   writes, so it bounds the same work.
 
 Ends with `BENCH decide events=<n> batch=<b> python_us=<µs> columnar_bound_us=<µs>
 bound_ratio=<columnar_bound / python>` (each the best round's CPU per event).
