@@ -24,6 +24,10 @@ class LogRewoundError(BatchError):
     """A partition ends before the served snapshot: the topic was recreated."""
 
 
+class SnapshotUnavailableError(BatchError, TimeoutError):
+    """A partition's last stable offset could not be read within the snapshot's patience."""
+
+
 class ReadStalledError(BatchError, TimeoutError):
     """Reading a slice made no progress before its snapshot end."""
 
