@@ -43,12 +43,14 @@ class KafkaProbe:
         return "ok"
 
     def end_offsets(self, topic: str, partitions: int) -> dict[int, int] | None:
-        """The end offset of each partition, or None when Kafka does not answer in time."""
+        """The end offset of each partition, or None when Kafka does not answer in time; a
+        partition given an offset below 0 (no answer, e.g. -1001 while its leader changes) is
+        left out, so its lag is unknown rather than 0."""
         with self._lock:
             try:
                 consumer = self._client()
                 consumer.list_topics(topic, timeout=self._timeout)
-                return {
+                ends = {
                     p: consumer.get_watermark_offsets(
                         TopicPartition(topic, p), timeout=self._timeout, cached=False
                     )[1]
@@ -56,6 +58,7 @@ class KafkaProbe:
                 }
             except (KafkaException, RuntimeError, TypeError):
                 return None
+        return {p: end for p, end in ends.items() if end >= 0}
 
     def close(self) -> None:
         with self._lock:
