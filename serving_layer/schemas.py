@@ -255,7 +255,9 @@ class PartitionStallInfo(BaseModel):
 class PartitionLag(BaseModel):
     topic: str
     partition: int
-    end_offset: int | None = Field(description="Kafka's end offset; null if Kafka is down")
+    end_offset: int | None = Field(
+        description="Kafka's end offset; null if Kafka is down or gave the partition none"
+    )
     applied_offset: int | None = Field(description="the speed layer's fence")
     lag: int | None
     stream_time: str | None
