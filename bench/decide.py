@@ -44,14 +44,17 @@ import pyarrow.json as pj
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from batch_layer.json_lines import json_lines
 from bench.common import log
 from lambdactl.generator import GeneratorSpec, generate
 from shared.aggregations import encode_state, fold_inputs
 from shared.config import Settings
 from shared.events import MAX_TEXT_BYTES, VALUE_LIMIT
 from shared.gc_tuning import collector_paused, freeze_startup_objects
+from shared.lateness import latest_late_start
 from shared.metric_plan import MetricPlan
 from shared.speed_view import Fence
+from shared.windows import window_start
 from speed_layer.processor import RawRecord, SourcePlan, decide
 from tests.conftest import platform_config
 from tests.speed.test_decide import MemoryView
@@ -115,8 +118,8 @@ def columnar_pass(
     stream_time = -(2**63)
     for i in range(0, len(records), batch):
         chunk = records[i : i + batch]
-        data = b"\n".join(r.value for r in chunk if r.value is not None)
-        if data.count(b"\n") != len(chunk) - 1 or b"\\u" in data or b"\r" in data:
+        data = json_lines([r.value for r in chunk])  # the batch layer's screen for pyarrow
+        if data is None:
             raise SystemExit("the columnar bound reads clean batches only")
         table = pj.read_json(pa.py_buffer(data), read_options=read, parse_options=parse)
         times = table.column(source.time_field).to_numpy()
@@ -140,7 +143,7 @@ def columnar_pass(
         stream_time = int(as_of[-1])
         kept = np.ones(len(chunk), bool)
         if source.id_field is not None:
-            buckets = (times - times % plan.id_bucket_ms).tolist()
+            buckets = window_start(times, plan.id_bucket_ms).tolist()
             ids = table.column(source.id_field).to_pylist()
             for j, marker in enumerate(zip(buckets, ids, strict=True)):
                 if marker in seen:
@@ -155,8 +158,8 @@ def _fold_metric(
     metric: MetricPlan, table: pa.Table, times: np.ndarray, as_of: np.ndarray, kept: np.ndarray
 ) -> CellCounts:
     base = metric.base_window_ms
-    starts = times - times % base
-    on_time = kept & (starts > as_of - metric.grace_ms - base)
+    starts = window_start(times, base)
+    on_time = kept & (starts > latest_late_start(base, metric.grace_ms, as_of, None))  # rule 2
     rows = table.filter(pa.array(on_time)).append_column("cell", pa.array(starts[on_time]))
     value = metric.value
     read = [value] if value else []

@@ -120,12 +120,12 @@ class TableFeeds:
             ]
         except KafkaException as exc:
             raise TableFeedError(f"could not read the tables' end offsets: {exc}") from exc
-        if min(ends, default=0) < 0:  # no answer (seen: -1001 as a leader was killed)
-            unknown = [
-                f"{tp.topic}[{tp.partition}]"
-                for tp, end in zip(self._partitions, ends, strict=True)
-                if end < 0
-            ]
+        unknown = [  # an end below 0 is no answer (seen: -1001 as a leader was killed)
+            f"{tp.topic}[{tp.partition}]"
+            for tp, end in zip(self._partitions, ends, strict=True)
+            if end < 0
+        ]
+        if unknown:
             raise TableFeedError(
                 f"the broker gave no end offset for {', '.join(unknown)}; is its leader up?"
             )
