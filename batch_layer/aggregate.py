@@ -102,6 +102,9 @@ class SourceResult:
     horizon_ids: pa.Table | None = None
     """With a de-dup horizon: the new ids to remember, per partition
     (`dedup_horizon.JudgedCopies.remembered`); `ids` is then empty."""
+    reused_ids: int = 0
+    """How many ids the run read at more than one event time: each use counts as its own
+    event (rule 4), and this says how often producers reuse ids."""
 
 
 def _slots_of_kind(metric: MetricPlan, kind: SketchKind) -> list[int]:
@@ -439,6 +442,8 @@ class _Copies:
     read (rows re-read to recompute cells, rule 11)."""
     later: np.ndarray
     """The positions (`_POSITION_BITS`) of every later copy."""
+    reused_ids: int
+    """`reused_ids` over the identities read."""
 
 
 def _copies(valid: DataFrame, fresh_from: Mapping[int, int] | None) -> _Copies:
@@ -468,7 +473,18 @@ def _copies(valid: DataFrame, fresh_from: Mapping[int, int] | None) -> _Copies:
         firsts=_id_positions(firsts.filter(new)),
         counted_before=_id_positions(firsts.filter(pc.invert(new))),
         later=_positions(table.take(order.filter(pa.array(~first)))),
+        reused_ids=reused_ids(firsts.column("event_id")),
     )
+
+
+def reused_ids(identities: pa.ChunkedArray | pa.Array) -> int:
+    """How many ids occur at more than one event time among distinct de-dup identities
+    (`shared.events.dedup_identity`: `<time>:<id>`)."""
+    if not len(identities):
+        return 0
+    ids = pc.list_element(pc.split_pattern(identities, ":", max_splits=1), 1)
+    counts = pc.value_counts(ids).field("counts")
+    return int(pc.sum(pc.greater(counts, 1)).as_py() or 0)
 
 
 def _new_rows(copies: pa.Table, fresh_from: Mapping[int, int] | None) -> np.ndarray:
@@ -589,7 +605,7 @@ def aggregate_source(
         summary = (
             rows.groupBy("partition")
             .agg(
-                F.max(F.when(is_valid, F.col("time_ms"))).alias("stream_time"),
+                F.max(F.when(is_valid, F.col("clock_ms"))).alias("stream_time"),
                 F.count(F.when(is_fresh, F.lit(1))).alias("rows_in"),
                 F.count(F.when(is_fresh, F.col("malformed"))).alias("malformed"),
                 *[
@@ -641,26 +657,29 @@ def aggregate_source(
         ids_table = _EMPTY_IDS.empty_table()
         horizon_ids = None
         stream_times = _after_read(read.stream_times, stream_times)
+        reused = 0
         if source.dedup_horizon is not None:
-            judged = judge_copies(
+            copies = (
                 rows.where(is_valid)
                 .select(
                     "event_id",
                     "partition",
                     "offset",
                     "time_ms",
+                    "clock_ms",
                     aggregated.alias("judged"),
                     is_fresh.alias("new"),
                 )
-                .toArrow(),
-                source.dedup_horizon,
-                read.stream_times,
-                seen_ids,
+                .toArrow()
             )
+            reused = reused_ids(pc.unique(copies.column("event_id").combine_chunks()))
+            judged = judge_copies(copies, source.dedup_horizon, read.stream_times, seen_ids)
             horizon_ids = judged.remembered
             events = _without(events, _positions(judged.dropped))
         elif source.id_field is not None:
-            ids_table, dropped = _uncounted(_copies(events, read.fresh_from), seen_ids, read)
+            firsts = _copies(events, read.fresh_from)
+            reused = firsts.reused_ids
+            ids_table, dropped = _uncounted(firsts, seen_ids, read)
             events = _without(events, dropped)
         if ids_known is not None:
             ids_known(ids_table if horizon_ids is None else horizon_ids)
@@ -685,6 +704,7 @@ def aggregate_source(
             skipped=skipped,
             stream_times=stream_times,
             horizon_ids=horizon_ids,
+            reused_ids=reused,
         )
     finally:
         rows.unpersist()

@@ -65,9 +65,14 @@ _RECORD_FIELDS = [
     ("partition", pa.int32()),
     ("offset", pa.int64()),
     ("time_ms", pa.int64()),
+    ("clock_ms", pa.int64()),
     ("event_id", pa.string()),
     ("malformed", pa.string()),
 ]
+"""Every row's record columns. `clock_ms` is how far the record moves its partition's stream
+time: its event time, but never past its Kafka timestamp (rule 2). `event_id` is rule 4's
+de-dup identity (`shared.events.dedup_identity`: the event time and the id), null without an
+id field."""
 
 
 @dataclass(frozen=True)
@@ -400,7 +405,7 @@ class Decoder:
                 raise _Refused
         if self._too_long(table):
             raise _Refused
-        return self._fast_rows(partition, offsets, table)
+        return self._fast_rows(partition, offsets, create, table)
 
     def _too_long(self, table: pa.Table) -> bool:
         """Whether an id or key text may exceed what the batch view stores (`MAX_TEXT_BYTES`
@@ -420,17 +425,25 @@ class Decoder:
                 return True
         return False
 
-    def _fast_rows(self, partition: int, offsets: Sequence[int], table: pa.Table) -> pa.RecordBatch:
+    def _fast_rows(
+        self, partition: int, offsets: Sequence[int], timestamps: pa.Array, table: pa.Table
+    ) -> pa.RecordBatch:
         n = table.num_rows
+        times = table.column(self.source.time_field).combine_chunks()
         ids = (
-            table.column(self.source.id_field).combine_chunks()
+            pc.binary_join_element_wise(
+                pc.cast(times, pa.string()),
+                table.column(self.source.id_field).combine_chunks(),
+                ":",
+            )
             if self.source.id_field is not None
             else pa.nulls(n, pa.string())
         )
         columns = [
             pa.array(np.full(n, partition, dtype=np.int32)),
             pa.array(offsets, pa.int64()),
-            table.column(self.source.time_field).combine_chunks(),
+            times,
+            pc.min_element_wise(times, timestamps),
             ids,
             pa.nulls(n, pa.string()),
         ]
@@ -485,15 +498,27 @@ class _RowBuilder:
         ]
 
     def add(self, partition: int, offset: int, create_time_ms: int, value: bytes | None) -> None:
-        from shared.events import Malformed, MetricInput, Skipped, metric_input, parse_record
+        from shared.events import (
+            Malformed,
+            MetricInput,
+            Skipped,
+            dedup_identity,
+            metric_input,
+            parse_record,
+        )
 
         event = parse_record(value, create_time_ms, self.source)
         row: list[Any] = [None] * len(self.columns)
         row[:2] = partition, offset
         if isinstance(event, Malformed):
-            row[4] = event.reason
+            row[5] = event.reason
         else:
-            row[2:4] = event.time_ms, event.event_id
+            time_ms, event_id = event.time_ms, event.event_id
+            row[2:5] = (
+                time_ms,
+                min(time_ms, create_time_ms),
+                None if event_id is None else dedup_identity(time_ms, event_id),
+            )
             for metric, skip, (keys, value_at, sketch_fields) in zip(
                 self.metrics, self.skip_columns, self.targets, strict=True
             ):

@@ -55,22 +55,23 @@ def judge_copies(
     seen: IdLookup | None,
 ) -> JudgedCopies:
     """Decide every judged copy among `rows` — every source-valid row read, with columns
-    `event_id, partition, offset, time_ms`, `judged` (aggregated by this run) and `new` (no
-    earlier run read it). `stream_times` are the partitions' stream times before the first
-    new row (an incremental run's served snapshot); `seen` finds the ids earlier runs
-    remembered (None: the read starts at offset 0 and holds every earlier copy)."""
+    `event_id, partition, offset, time_ms, clock_ms` (how far the row moves stream time, rule
+    2), `judged` (aggregated by this run) and `new` (no earlier run read it). `stream_times`
+    are the partitions' stream times before the first new row (an incremental run's served
+    snapshot); `seen` finds the ids earlier runs remembered (None: the read starts at offset
+    0 and holds every earlier copy)."""
     rows = rows.take(pc.sort_indices(rows, [("partition", "ascending"), ("offset", "ascending")]))
     partitions = _numpy(rows, "partition").astype(np.int64)
-    times = _numpy(rows, "time_ms").astype(np.int64)
+    clocks = _numpy(rows, "clock_ms").astype(np.int64)
     new = _numpy(rows, "new").astype(bool)
-    as_of = np.empty_like(times)
+    as_of = np.empty_like(clocks)
     after: dict[int, int] = dict(stream_times)
     cuts = np.flatnonzero(np.diff(partitions)) + 1
-    for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(times)], strict=True):
+    for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(clocks)], strict=True):
         if lo == hi:
             continue
         partition = int(partitions[lo])
-        as_of[lo:hi] = np.maximum.accumulate(times[lo:hi])
+        as_of[lo:hi] = np.maximum.accumulate(clocks[lo:hi])
         before = stream_times.get(partition)
         if before is not None:
             fresh = new[lo:hi]

@@ -47,6 +47,8 @@ class RunSummary:
     rows_out: int = 0
     malformed: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
+    reused_ids: int = 0
+    """Ids read at more than one event time (`SourceResult.reused_ids`), summed over sources."""
     watermarks: dict[str, int | None] = field(default_factory=dict)
     snapshot: Snapshot = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
@@ -201,8 +203,8 @@ def _record_success(
         """
         UPDATE batch_runs SET status = 'succeeded', finished_at = now(), progress = 1,
             heartbeat_at = now(), rows_in = %s, rows_out = %s, malformed = %s, skipped = %s,
-            snapshot = %s, w_before = %s, w_after = %s, generation = %s, executed_mode = %s,
-            timings = %s
+            reused_ids = %s, snapshot = %s, w_before = %s, w_after = %s, generation = %s,
+            executed_mode = %s, timings = %s
         WHERE id = %s
         """,
         [
@@ -210,6 +212,7 @@ def _record_success(
             summary.rows_out,
             summary.malformed,
             Jsonb(summary.skipped),
+            summary.reused_ids,
             Jsonb(summary.snapshot),
             Jsonb({} if served is None else served.watermarks),
             Jsonb({m: w for m, w in summary.watermarks.items() if w is not None}),
@@ -262,6 +265,7 @@ def _read_and_aggregate(
     )
     summary.rows_in += result.rows_in
     summary.malformed += result.malformed
+    summary.reused_ids += result.reused_ids
     for metric, count in result.skipped.items():
         summary.skipped[metric] = summary.skipped.get(metric, 0) + count
     return result

@@ -126,8 +126,8 @@ class ServingMetrics:
 
 
 class WatermarkAgeCollector(Collector):
-    """`batch_watermark_age_seconds{metric}` = now - W and `batch_last_run_failed`, read
-    when Prometheus scrapes."""
+    """`batch_watermark_age_seconds{metric}` = now - W, `batch_last_run_failed` and
+    `batch_last_run_reused_ids`, read when Prometheus scrapes."""
 
     def __init__(
         self, settings: Settings, runs_pool: ConnectionPool, view_pool: ConnectionPool
@@ -146,6 +146,11 @@ class WatermarkAgeCollector(Collector):
             "batch_last_run_failed",
             "1 when the newest finished batch run failed (its error is in /v1/status), else 0",
         )
+        reused = GaugeMetricFamily(
+            "batch_last_run_reused_ids",
+            "Ids the newest succeeded batch run read at more than one event time: each use "
+            "counts as its own event (rule 4 in docs/semantics.md)",
+        )
         lag = GaugeMetricFamily(
             "batch_view_replay_lag_seconds",
             "How far the read replica the batch view is read from (serving.batch_view_url) "
@@ -163,8 +168,15 @@ class WatermarkAgeCollector(Collector):
                     "SELECT status FROM batch_runs WHERE status IN ('succeeded', 'failed') "
                     "ORDER BY id DESC LIMIT 1"
                 ).fetchone()
+                succeeded = conn.execute(
+                    "SELECT reused_ids FROM batch_runs WHERE status = 'succeeded' "
+                    "ORDER BY id DESC LIMIT 1"
+                ).fetchone()
             failed.add_metric([], 1.0 if last is not None and last[0] == "failed" else 0.0)
             yield failed
+            if succeeded is not None and succeeded[0] is not None:
+                reused.add_metric([], float(succeeded[0]))
+                yield reused
         except Exception as exc:  # a scrape must not fail because PostgreSQL is down
             log.warning("watermark age not collected: %s", exc)
             served = None

@@ -274,6 +274,14 @@ _FAULTS = {
 }
 
 
+def dedup_identity(time_ms: int, event_id: str) -> str:
+    """What rule 4 de-duplicates by: the event time and the id, as one text. Copies of one
+    event (producer retries) carry the same payload, hence the same time; an id reused for
+    an event of another time is another event, in every layer. The time comes first, so
+    the text stays unambiguous whatever the id holds."""
+    return f"{time_ms}:{event_id}"
+
+
 def text_fault(text: str) -> str | None:
     """Why an id or key dimension text cannot be stored (`invalid`: it holds a NUL, which
     PostgreSQL text cannot; `too_long`: over `MAX_TEXT_BYTES`), or None when it can."""

@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 from pydantic import SecretStr
 
 from shared.config import KafkaSettings, Settings
@@ -30,15 +37,26 @@ class TopicSpec:
     name: str
     partitions: int
     config: dict[str, str]
+    required: Mapping[str, str] = field(default_factory=dict)
+    """Topic configs the platform's rules rely on: checked on a live topic, and set on an
+    existing one by `create_topics`."""
+
+
+ARRIVAL_CLOCK = {"message.timestamp.type": "LogAppendTime"}
+"""A source topic stamps each record with the broker's clock as it appends it, so the one
+clock both layers bound event times by (`max_future`, and stream time, rules 1 and 2) is
+read from the log and cannot run ahead with a producer's."""
 
 
 def platform_topics(settings: Settings) -> list[TopicSpec]:
     """Source and table topics keep their history forever (the master dataset, rule 11 for
-    tables); `.dlq`/`.late` too."""
+    tables); `.dlq`/`.late` too. Source topics take the broker's clock (`ARRIVAL_CLOCK`)."""
     forever = {"retention.ms": "-1"}
     specs = []
     for source in settings.sources:
-        specs.append(TopicSpec(source.topic, source.partitions, forever))
+        specs.append(
+            TopicSpec(source.topic, source.partitions, forever | ARRIVAL_CLOCK, ARRIVAL_CLOCK)
+        )
         specs.append(TopicSpec(source.dlq_topic, source.partitions, forever))
         specs.append(TopicSpec(source.late_topic, source.partitions, forever))
     for table in settings.tables:
@@ -136,10 +154,13 @@ def live_partition_counts(admin: AdminClient, timeout_s: float = 10.0) -> dict[s
 
 
 def create_topics(settings: Settings) -> list[str]:
-    """Create the missing platform topics; returns the names created. Then checks them all."""
+    """Create the missing platform topics and set the required configs of existing ones
+    (`TopicSpec.required`); returns the names created. Then checks them all."""
     admin = admin_client(settings)
     live = live_partition_counts(admin)
-    missing = [spec for spec in platform_topics(settings) if spec.name not in live]
+    specs = platform_topics(settings)
+    _set_required(admin, [s for s in specs if s.name in live and s.required])
+    missing = [spec for spec in specs if spec.name not in live]
     if missing:
         futures = admin.create_topics(
             [NewTopic(s.name, num_partitions=s.partitions, config=s.config) for s in missing]
@@ -178,11 +199,59 @@ def _wait_for_leaders(admin: AdminClient, topics: list[str], timeout_s: float = 
         time.sleep(0.1)
 
 
+def _required_drift(admin: AdminClient, specs: list[TopicSpec]) -> dict[str, dict[str, str]]:
+    """Per topic of `specs`, the required configs whose live value differs: name -> live."""
+    if not specs:
+        return {}
+    resources = [ConfigResource(ResourceType.TOPIC, spec.name) for spec in specs]
+    drift: dict[str, dict[str, str]] = {}
+    try:
+        answers = admin.describe_configs(resources, request_timeout=10)
+        for spec, resource in zip(specs, resources, strict=True):
+            live = answers[resource].result()
+            differ = {
+                key: live[key].value
+                for key, wanted in spec.required.items()
+                if key in live and live[key].value != wanted
+            }
+            if differ:
+                drift[spec.name] = differ
+    except KafkaException as exc:
+        raise ServiceUnavailableError(
+            f"Kafka did not describe the topics' configs ({exc}); check the brokers"
+        ) from exc
+    return drift
+
+
+def _set_required(admin: AdminClient, specs: list[TopicSpec]) -> None:
+    """Set each existing topic's required configs that differ (an incremental alter: other
+    configs stay as they are)."""
+    drift = _required_drift(admin, specs)
+    resources = [
+        ConfigResource(
+            ResourceType.TOPIC,
+            spec.name,
+            incremental_configs=[
+                ConfigEntry(key, spec.required[key], incremental_operation=AlterConfigOpType.SET)
+                for key in drift[spec.name]
+            ],
+        )
+        for spec in specs
+        if spec.name in drift
+    ]
+    if resources:
+        for future in admin.incremental_alter_configs(resources).values():
+            future.result()
+
+
 def check_topics(settings: Settings) -> None:
-    """Refuse to run when a live topic's partition count differs from the config."""
-    live = live_partition_counts(admin_client(settings))
+    """Refuse to run when a live topic's partition count differs from the config, or a
+    config the rules rely on (`TopicSpec.required`) is not set."""
+    admin = admin_client(settings)
+    live = live_partition_counts(admin)
+    specs = platform_topics(settings)
     problems = []
-    for spec in platform_topics(settings):
+    for spec in specs:
         count = live.get(spec.name)
         if count is None:
             problems.append(f"topic {spec.name!r} does not exist (run `lambdactl topics create`)")
@@ -190,6 +259,15 @@ def check_topics(settings: Settings) -> None:
             problems.append(
                 f"topic {spec.name!r} has {count} partitions but the config says "
                 f"{spec.partitions}; fix `partitions` in the config or recreate the topic"
+            )
+    checked = [s for s in specs if s.name in live and s.required]
+    drift = _required_drift(admin, checked)
+    for spec in checked:
+        for key, value in drift.get(spec.name, {}).items():
+            problems.append(
+                f"topic {spec.name!r} has {key}={value}, but the platform bounds event times "
+                "by the broker's clock (rule 1 in docs/semantics.md); run `lambdactl topics "
+                f"create`, which sets {key}={spec.required[key]}"
             )
     if problems:
         raise TopicMismatchError("; ".join(problems))

@@ -205,9 +205,10 @@ class SketchInput:
     """The skip reason when a number is too large in magnitude (`shared.events.VALUE_LIMIT`)."""
 
 
-VALIDITY_REVISION = 2
+VALIDITY_REVISION = 3
 """Which edition of the validity rules (`shared.events`) cells were computed under. It is part
-of every metric's version, so a change in what counts (2: the limits of the stores) recomputes
+of every metric's version, so a change in what counts (2: the limits of the stores; 3: an id
+reused at another event time is another event, rule 4) recomputes
 every metric (a full run and a speed rebuild, as for a changed definition) instead of mixing
 cells of both editions."""
 

@@ -32,6 +32,7 @@ from shared.events import (
     InputFields,
     Malformed,
     Skipped,
+    dedup_identity,
     metric_inputs,
     parse_fields,
 )
@@ -380,17 +381,19 @@ def decide(
             dead_letters.append(Rejected(record.offset, record.value, *event))
             continue
         fields, time_ms, event_id = event  # type: ignore[misc]
-        if time_ms > stream_time:
-            stream_time = time_ms
+        # rule 2: stream time follows event times, but never past the record's timestamp
+        clock = time_ms if time_ms < record.timestamp else record.timestamp
+        if clock > stream_time:
+            stream_time = clock
         marker = None
         if event_id is not None:
             bucket = time_ms - time_ms % bucket_ms
-            marker = (bucket, event_id)
+            marker = (bucket, dedup_identity(time_ms, event_id))
             if marker in seen:
                 duplicates += 1
                 continue
             seen.add(marker)
-            new_ids[bucket].append(event_id)
+            new_ids[bucket].append(marker[1])
         live_fields.append(fields)
         live.append((index, time_ms, stream_time, marker))
     known = _known_ids(topic, partition, new_ids, view)

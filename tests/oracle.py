@@ -698,8 +698,8 @@ def _accumulate(
     for source in sources.values():
         source_metrics = [m for m in metrics if m.source == source.name and not m.session_part]
         sessions: dict[tuple[str, Key], list[tuple[int, _Fields]]] = {}
-        seen_ids: set[str] = set()
-        remembered: dict[tuple[int, str], int] = {}
+        seen_ids: set[tuple[int, str]] = set()
+        remembered: dict[tuple[int, tuple[int, str]], int] = {}
         ordered = sorted(
             (r for r in records if r.topic == source.topic),
             key=lambda r: (r.partition, r.offset),
@@ -712,21 +712,27 @@ def _accumulate(
                 continue
             event, event_time, event_id = parsed
             where = (record.topic, record.partition)
-            stream_time[where] = max(stream_time.get(where, event_time), event_time)
+            # rule 2: an event moves its partition's stream time no further than its record's
+            # timestamp (the broker's append time), however far ahead its own time lies
+            clock = min(event_time, record.create_time_ms)
+            stream_time[where] = max(stream_time.get(where, clock), clock)
             horizon = source.dedup_horizon_ms
-            if event_id is not None and horizon is None:  # rule 4: an id counts once
-                if event_id in seen_ids:
+            # rule 4: copies of one event share its id and its time; an id reused at another
+            # time is another event
+            identity = None if event_id is None else (event_time, event_id)
+            if identity is not None and horizon is None:  # an event counts once
+                if identity in seen_ids:
                     duplicates += 1
                     continue
-                seen_ids.add(event_id)
-            elif event_id is not None:
-                # rule 4's horizon: per partition, an id is remembered from the copy that
+                seen_ids.add(identity)
+            elif identity is not None:
+                # rule 4's horizon: per partition, an event is remembered from the copy that
                 # counted until the stream time has passed that copy's time by the horizon
-                counted_at = remembered.get((record.partition, event_id))
+                counted_at = remembered.get((record.partition, identity))
                 if counted_at is not None and stream_time[where] - counted_at <= horizon:
                     duplicates += 1
                     continue
-                remembered[(record.partition, event_id)] = event_time
+                remembered[(record.partition, identity)] = event_time
             kept.append((event, event_time, stream_time[where]))
         events = [(e, t) for e, t, _ in kept]
         joined = {m.name: _joined(m, source.time_field, events, tables) for m in source_metrics}

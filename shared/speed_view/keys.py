@@ -18,9 +18,9 @@ Every key a source partition's fenced apply writes carries that partition's hash
   session metric's sessions of one source partition, per key (rule 13; `held.KeyIndex`).
 - `lp:sevents:{<topic>:<partition>}:<metric>:<version>:<sha1 of the key JSON>:<first>` — string:
   one session's events (`held.event_lines`), appended to as events join it.
-- `lp:ids:{<topic>:<partition>}:<bucket_start>` — set of event ids seen in that event-time
-  bucket (de-duplication, rule 4), dropped once the bucket is late for every metric of the
-  source.
+- `lp:ids:{<topic>:<partition>}:<bucket_start>` — set of the de-dup identities (event time
+  and id, `shared.events.dedup_identity`) seen in that event-time bucket (rule 4), dropped
+  once the bucket is late for every metric of the source.
 - `lp:{lp}:rebuilding` — set of `<topic>:<partition>` being rebuilt after a data loss; the API
   reports `speed_status: "rebuilding"` while it is not empty.
 - `lp:{lp}:rebuild_until` — hash `<topic>:<partition>` -> the offset a rebuild must reach

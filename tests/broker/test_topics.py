@@ -1,12 +1,22 @@
-"""Topic administration: the platform creates its source topics itself (retention forever)."""
+"""Topic administration: the platform creates its source topics itself (retention forever,
+the broker's clock as their timestamps)."""
 
 from __future__ import annotations
 
-import pytest
-from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+import time
 
-from ._kafka import TopicFactory, eventually
+import pytest
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
+
+from ._kafka import TopicFactory, eventually, make_consumer, make_producer, produce_all, read_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -53,14 +63,51 @@ def test_create_topic_with_partitions_and_infinite_retention(
         assert partition.leader >= 0, f"partition {partition.id} has no leader"
 
 
-def test_topic_keeps_producer_create_time(admin: AdminClient, create_topic: TopicFactory) -> None:
-    """Event validity compares event time with the record's CreateTime: the broker must keep it."""
-    topic = create_topic()
-    config = _topic_config(admin, topic)
-    assert config.get("message.timestamp.type") == "CreateTime", (
-        f"message.timestamp.type is {config.get('message.timestamp.type')!r}; "
-        "LogAppendTime would overwrite the producer's CreateTime"
+def test_log_append_time_stamps_records_with_the_broker_clock(
+    admin: AdminClient, create_topic: TopicFactory, kafka_bootstrap: str
+) -> None:
+    """Source topics bound event times by the broker's clock (rule 1 in docs/semantics.md):
+    with message.timestamp.type=LogAppendTime the broker replaces a producer's CreateTime
+    (here a day ahead) with its own clock, and consumers read it as a log-append time."""
+    topic = create_topic(config={"message.timestamp.type": "LogAppendTime"})
+    assert _topic_config(admin, topic).get("message.timestamp.type") == "LogAppendTime"
+    before_ms = int(time.time() * 1000)
+    produce_all(
+        make_producer(kafka_bootstrap),
+        topic,
+        [{"value": b"{}", "timestamp": before_ms + 86_400_000}],
     )
+    after_ms = int(time.time() * 1000)
+    consumer = make_consumer(kafka_bootstrap)
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        (message,) = read_until(consumer, {(topic, 0): 1})
+    finally:
+        consumer.close()
+    kind, stamped = message.timestamp()
+    assert kind == TIMESTAMP_LOG_APPEND_TIME
+    assert before_ms - 1_000 <= stamped <= after_ms + 1_000
+
+
+def test_an_existing_topic_takes_log_append_time_by_an_incremental_alter(
+    admin: AdminClient, create_topic: TopicFactory
+) -> None:
+    """`lambdactl topics create` sets LogAppendTime on an existing source topic with an
+    incremental alter, leaving its other configs (here retention) as they were."""
+    topic = create_topic(config={"retention.ms": "-1"})
+    assert _topic_config(admin, topic).get("message.timestamp.type") == "CreateTime"
+    entry = ConfigEntry(
+        "message.timestamp.type", "LogAppendTime", incremental_operation=AlterConfigOpType.SET
+    )
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[entry])
+    admin.incremental_alter_configs([resource])[resource].result()
+    config, _ = eventually(
+        lambda: _topic_config(admin, topic),
+        lambda got: got.get("message.timestamp.type") == "LogAppendTime",
+        timeout=15,
+        what=f"LogAppendTime on {topic}",
+    )
+    assert config.get("retention.ms") == "-1"
 
 
 def test_creating_an_existing_topic_reports_topic_already_exists(

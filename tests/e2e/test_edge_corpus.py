@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
 
 BASE = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 CREATE_TIME = BASE + 10 * 60_000
+"""What the producer stamps: a source topic replaces it with the broker's clock (rule 1)."""
 MAX_FUTURE = 5 * 60_000
 
 
@@ -38,10 +39,13 @@ def _event(event_id: Any, ts: Any = BASE + 1_000, **fields: Any) -> dict[str, An
     }
 
 
-def corpus() -> list[bytes | None]:
-    """Each record exercises one rule; ids are unique unless a duplicate is meant."""
+def corpus(now_ms: int) -> list[bytes | None]:
+    """Each record exercises one rule; ids are unique unless a duplicate is meant. `now_ms`:
+    the broker's clock before the records are produced (their arrival, rule 1)."""
     json_events = [
         _event("int-ms"),
+        _event("reused-id", BASE + 1_000, page="/reused"),  # another time: another event
+        _event("reused-id", BASE + 61_000, page="/reused"),
         _event("rfc-z", "2026-01-01T00:00:02Z"),
         _event("rfc-lower", "2026-01-01t00:00:03z"),
         _event("rfc-plus", "2026-01-01T02:00:04+02:00"),
@@ -56,8 +60,9 @@ def corpus() -> list[bytes | None]:
         _event("ts-digits-string", str(BASE)),
         _event("ts-null", None),
         {"event_id": "ts-missing", "page": "/"},
-        _event("future-edge", CREATE_TIME + MAX_FUTURE),
-        _event("future-beyond", CREATE_TIME + MAX_FUTURE + 1),
+        _event("future-ahead", now_ms + MAX_FUTURE - 60_000),  # counts; stream time stops at now
+        _event("future-beyond", now_ms + MAX_FUTURE + 3_600_000),
+        _event("future-created", CREATE_TIME + MAX_FUTURE + 1),  # valid by the broker's clock
         _event("far-past", -62_135_596_800_001),
         _event("year-1", -62_135_596_800_000),
         _event("year-1-text", "0001-01-01T00:00:00.001Z", page="/y1"),
@@ -122,7 +127,7 @@ def corpus() -> list[bytes | None]:
 
 def produce_corpus(bootstrap: str, topic: str) -> int:
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-    records = corpus()
+    records = corpus(int(time.time() * 1000))
     for i, value in enumerate(records):
         producer.produce(
             topic,
@@ -168,13 +173,17 @@ def test_speed_batch_and_oracle_agree_on_the_edge_corpus(platform: Platform, spa
     source = settings.sources[0]
     bootstrap = settings.kafka.bootstrap_servers
     create_topics(settings)
+    before_ms = int(time.time() * 1000)
     produced = produce_corpus(bootstrap, source.topic)
     records = oracle.read_topic(bootstrap, source.topic)
     assert len(records) == produced
+    assert min(r.create_time_ms for r in records) >= before_ms - 1_000  # the broker's clock
     expected = oracle.compute(platform.config, records, late_rule=True)
     everything = oracle.compute(platform.config, records)
     malformed_total = sum(expected.malformed.values())
     assert malformed_total >= 20 and expected.duplicates >= 2
+    assert expected.malformed["time_in_future"] == 1
+    assert everything.cells[("views_by_page", 60_000, BASE + 60_000, ("/reused",))]["count"] == 1
 
     drain_with_worker(platform, platform.config_path.with_name("speed.log"))
     assert oracle.compare(expected.cells, speed_view_cells(platform.settings)) == []

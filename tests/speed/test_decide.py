@@ -74,10 +74,10 @@ def _plan(config: dict[str, Any]) -> SourcePlan:
     return SourcePlan.of(settings, settings.sources[0])
 
 
-def _event(offset: int, ts: int, **fields: Any) -> RawRecord:
+def _event(offset: int, ts: int, created: int = CREATED, **fields: Any) -> RawRecord:
     body = {"ts": ts, "event_id": f"e{offset}", "page": "/", "user_id": "u", "latency_ms": 1.0}
     body.update(fields)
-    return RawRecord(offset, CREATED, orjson.dumps(body))
+    return RawRecord(offset, created, orjson.dumps(body))
 
 
 def _run(
@@ -139,11 +139,41 @@ def test_a_copy_of_an_id_counts_once_within_and_across_batches() -> None:
     config = _config()
     plan = _plan(config)
     view = MemoryView()
-    first = [_event(0, T0 + 1_000, event_id="a"), _event(1, T0 + 2_000, event_id="a")]
+    first = [_event(0, T0 + 1_000, event_id="a"), _event(1, T0 + 1_000, event_id="a")]
     second = [_event(2, T0 + 1_000, event_id="a"), _event(3, T0 + 3_000, event_id="b")]
     outcomes, _ = _run(plan, view, [first, second])
     assert [o.duplicates for o in outcomes] == [1, 1]
     assert _cells(config, view)[("views_total", MINUTE, T0, ())]["count"] == 2
+
+
+def test_an_id_reused_at_another_time_is_another_event() -> None:
+    """Rule 4: copies share their id and their event time; within one bucket and across."""
+    config = _config()
+    plan = _plan(config)
+    view = MemoryView()
+    first = [_event(0, T0 + 1_000, event_id="a"), _event(1, T0 + 2_000, event_id="a")]
+    second = [_event(2, T0 + MINUTE, event_id="a"), _event(3, T0 + 2_000, event_id="a")]
+    outcomes, _ = _run(plan, view, [first, second])
+    assert [o.duplicates for o in outcomes] == [0, 1]
+    cells = _cells(config, view)
+    assert cells[("views_total", MINUTE, T0, ())]["count"] == 2
+    assert cells[("views_total", MINUTE, T0 + MINUTE, ())]["count"] == 1
+
+
+def test_stream_time_stops_at_the_record_timestamp() -> None:
+    """Rule 2: an event ahead of its record's timestamp (within `max_future`) counts, but
+    moves stream time only to the timestamp, so the events after it are not late."""
+    config = _config(grace="1m")
+    plan = _plan(config)
+    view = MemoryView()
+    ahead = _event(0, T0 + 6 * MINUTE, created=T0 + 2 * MINUTE)
+    now = _event(1, T0 + 2 * MINUTE, created=T0 + 2 * MINUTE)
+    (outcome,), _ = _run(plan, view, [[ahead, now]])
+    assert outcome.late_by_metric == Counter()
+    assert outcome.fence.stream_time == T0 + 2 * MINUTE
+    cells = _cells(config, view)
+    assert cells[("views_total", MINUTE, T0 + 6 * MINUTE, ())]["count"] == 1
+    assert cells[("views_total", MINUTE, T0 + 2 * MINUTE, ())]["count"] == 1
 
 
 def test_lateness_by_grace_and_by_w_per_metric() -> None:

@@ -57,6 +57,7 @@ def _table(rows: Sequence[Row], new_from: dict[int, int]) -> pa.Table:
             "partition": pa.array([r[0] for r in rows], pa.int32()),
             "offset": pa.array([r[1] for r in rows], pa.int64()),
             "time_ms": pa.array([r[3] for r in rows], pa.int64()),
+            "clock_ms": pa.array([r[3] for r in rows], pa.int64()),
             "judged": pa.array([r[1] >= new_from.get(r[0], 0) for r in rows], pa.bool_()),
             "new": pa.array([r[1] >= new_from.get(r[0], 0) for r in rows], pa.bool_()),
         }

@@ -186,7 +186,8 @@ def test_every_malformed_reason() -> None:
         ("plain_count", DAY, T0, ("edge",)),
     }
     assert result.skipped == {"by_page": 0, "total": 0, "plain_count": 0}
-    assert result.stream_time == {("plain", 0): T0 + 1_000}
+    # the edge event lies 1 s after its record's timestamp: stream time stops at the timestamp
+    assert result.stream_time == {("plain", 0): T0}
 
 
 def test_default_max_future_is_five_minutes() -> None:
@@ -245,19 +246,27 @@ def test_duplicates() -> None:
     p0 = records(
         "pv",
         pv(1, T0, lat=1),
-        pv(1, T0 + 5 * MIN, lat=100),  # same id, other payload: still a duplicate
+        pv(1, T0 + 5 * MIN, lat=100),  # same id, another time: another event
+        pv(1, T0, lat=100),  # same id and time, another payload: a duplicate
         {"id": 7, "ts": T0, "page": "home", "user": "u", "lat": 1},
         {"id": "7", "ts": T0, "page": "home", "user": "u", "lat": 1},
         {"id": "y", "page": "home", "user": "u", "lat": 1},  # malformed copy does not claim y
         {"id": "y", "ts": T0, "page": "home", "user": "u", "lat": 1},
         {"id": "z", "ts": T0, "page": "home", "user": "u", "lat": 1},
     )
-    p1 = records("pv", {"id": "z", "ts": T0 + MIN, "page": "x", "user": "u", "lat": 1}, partition=1)
+    p1 = records(
+        "pv",
+        {"id": "z", "ts": T0, "page": "x", "user": "u", "lat": 1},
+        {"id": "z", "ts": T0 + MIN, "page": "x", "user": "u", "lat": 1},
+        partition=1,
+    )
     result = compute(CONFIG, p1 + p0)  # partition order decides, not list order
     assert result.duplicates == 3
     assert result.malformed == {"time_missing": 1}
     assert result.cells[("by_page", MIN, T0, ("home",))]["count"] == 4
-    assert ("by_page", MIN, T0 + MIN, ("x",)) not in result.cells
+    assert result.cells[("by_page", MIN, T0 + 5 * MIN, ("home",))]["count"] == 1
+    assert ("by_page", MIN, T0, ("x",)) not in result.cells
+    assert result.cells[("by_page", MIN, T0 + MIN, ("x",))]["count"] == 1
     assert result.stream_time == {("pv", 0): T0 + 5 * MIN, ("pv", 1): T0 + MIN}
 
 
@@ -272,7 +281,8 @@ def test_late_rule_with_grace_per_partition() -> None:
     p1 = records(
         "pv",
         pv(5, T0 + 10_000),  # partition 1 has its own stream time
-        pv(2, T0 + 10 * MIN),  # duplicate of e2: dropped, but advances stream time
+        pv(2, T0 + 3 * MIN),  # duplicate of e2: dropped, but counts for stream time
+        pv(9, T0 + 10 * MIN),  # stream time T0+10m
         pv(7, T0 + 7 * MIN),  # ends T0+8m; +2m <= T0+10m: late
         pv(8, T0 + 8 * MIN + 1),  # ends T0+9m; +2m > T0+10m: on time
         partition=1,
@@ -284,15 +294,16 @@ def test_late_rule_with_grace_per_partition() -> None:
     assert cells[("by_page", MIN, T0, ("home",))]["count"] == 2
     assert cells[("by_page", MIN, T0 + MIN, ("home",))]["count"] == 1
     assert ("by_page", MIN, T0 + 7 * MIN, ("home",)) not in cells
-    assert cells[("by_page", HOUR, T0, ("home",))]["count"] == 5  # late ones left out here too
-    assert cells[("by_page", DAY, T0, ("home",))]["count"] == 5
+    assert cells[("by_page", HOUR, T0, ("home",))]["count"] == 6  # late ones left out here too
+    assert cells[("by_page", DAY, T0, ("home",))]["count"] == 6
     # grace 0: a later event of an earlier cell is late at once
     assert {c[2]: v["count"] for c, v in cells.items() if c[0] == "total"} == {
         T0: 2,
         T0 + 3 * MIN: 1,
+        T0 + 10 * MIN: 1,
     }
     everything = compute_cells(CONFIG, p0 + p1)
-    assert everything[("by_page", HOUR, T0, ("home",))]["count"] == 7
+    assert everything[("by_page", HOUR, T0, ("home",))]["count"] == 8
 
 
 def test_late_rule_with_watermark() -> None:
