@@ -56,8 +56,8 @@ from shared.metric_plan import MetricPlan
 from shared.speed_view import Fence
 from shared.windows import window_start
 from speed_layer.processor import RawRecord, SourcePlan, decide
+from speed_layer.rejoin import MemoryView
 from tests.conftest import platform_config
-from tests.speed.test_decide import MemoryView
 
 NOW_MS = 1_700_000_000_000
 HOUR_MS = 3_600_000

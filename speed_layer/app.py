@@ -20,13 +20,6 @@ Steps, by name:
   and partitions are re-read from their fences once it answers (rule 3 makes the retry
   exact). PostgreSQL down: only W stops being refreshed; the last one is used. Kafka down
   (dead letters, late events): like Redis.
-
-Memory (measured with `bench/speed.py --quick`: 306k sample events over 2 h, 4 partitions,
-`MEMORY USAGE` of every key): a (base cell, key, partition) state is ~140 bytes on average in
-its cell hash (count/sum/min/max header + HLL_4 sketches, small while sparse; a dense lg_k 12
-sketch is ~2.1 KB). A de-dup id costs ~58 bytes in its set; id sets live until their bucket is
-late for every metric (base window + grace + the partition's disorder), so they hold a few
-minutes of ids per partition (without cleanup: ~58 MB per 1M events).
 """
 
 from __future__ import annotations
@@ -54,7 +47,6 @@ from shared.config import Settings
 from shared.faults import fault_point
 from shared.gc_tuning import collector_paused, freeze_startup_objects
 from shared.kafka import check_topics, faust_credentials
-from shared.lateness import id_bucket_closed
 from shared.speed_view import (
     APPLIED,
     EPOCH_LOST,
@@ -67,13 +59,21 @@ from shared.speed_view import (
     rebuild_member,
     redis_client,
 )
+from speed_layer.cleanup import expired_keys
 from speed_layer.consumer import BatchConsumer, BatchTransport
 from speed_layer.errors import ServedRowUnavailable, SideTopicError, TableFeedError
 from speed_layer.metrics import CAUSES, SpeedMetrics
-from speed_layer.processor import BatchOutcome, KafkaRecord, SourceProcessor, isolate_failures
+from speed_layer.processor import (
+    BatchOutcome,
+    KafkaRecord,
+    SourcePlan,
+    SourceProcessor,
+    isolate_failures,
+)
+from speed_layer.rejoin import rejoin_partition, rejoined_plan
 from speed_layer.served_state import ServedState
 from speed_layer.side_topics import SideTopicPublisher
-from speed_layer.tables import TableDeadLetters, TableFeeds
+from speed_layer.tables import TableDeadLetters, TableFeeds, oldest_joined_w
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +130,9 @@ class SpeedWorker:
             for source in settings.sources
         }
         self.rebuilding: dict[TP, int] = {}
-        self.rejoining: set[TP] = set()
-        """Partitions to rebuild because a joined table received a late version (rule 11)."""
+        self.rejoining: dict[TP, set[str]] = {}
+        """Partitions whose cells are to be joined anew, with the tables that received a late
+        version (rule 11; `speed_layer.rejoin`)."""
         self.stalls: dict[TP, float] = {}
         """Partitions whose last batch failed, since when (epoch seconds)."""
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
@@ -144,25 +145,36 @@ class SpeedWorker:
         return self.app.consumer  # type: ignore[return-value]
 
     async def position_of(self, tp: TP) -> int:
-        """Fence + 1, or `rebuild_from` when the partition has no fence (rule 3, rule 9), its
-        fence was written with other metric definitions (rule 7: every cell of the partition
-        is rebuilt with empty state under the current versions, and its de-dup ids are dropped
-        so the replay counts every event once), or a table its metrics join received a late
-        version that changes a join the speed view counted (rule 11: rebuilt the same way)."""
+        """Fence + 1, or `rebuild_from` when the partition has no fence (rule 3, rule 9) or
+        its fence was written with other metric definitions (rule 7: every cell of the
+        partition is rebuilt with empty state under the current versions, and its de-dup ids
+        are dropped so the replay counts every event once). When a table its metrics join
+        received a late version that changes a join the speed view counted (rule 11), the
+        cells of the metrics joining it are recomputed first (`rejoin_cells`), or, for a
+        session metric, the partition is rebuilt as for new definitions."""
         processor = self.processors[tp.topic]
         processor.forget(tp.partition)
         fence = processor.fence(tp.partition)
         member = rebuild_member(tp.topic, tp.partition)
         until = self.store.rebuild_until(member)
-        rejoin = tp in self.rejoining
-        self.rejoining.discard(tp)
-        if fence.offset is not None and (rejoin or fence.defs not in (None, processor.defs)):
+        tables = self.rejoining.pop(tp, set()) | self.store.pending_rejoin(member)
+        redefined = fence.defs not in (None, processor.defs)
+        rejoined = None if not tables else rejoined_plan(processor.plan, tables)
+        if rejoined is not None:
+            if fence.offset is not None and not redefined and rejoined.metrics:
+                await self.rejoin_cells(tp, fence, rejoined)
+                fence = processor.fence(tp.partition)
+            elif not redefined:  # no cell joins the tables, or none is stored yet
+                self.store.finish_rejoin(member)
+        rejoin = bool(tables) and rejoined is None
+        if fence.offset is not None and (rejoin or redefined):
             until = max(until or 0, fence.offset + 1)
             self.store.start_rebuild({member: until})
             doomed = self.store.partition_keys(tp.topic, tp.partition, processor.metrics)
             self.store.delete_keys(doomed)
             processor.forget(tp.partition)
             fence = processor.fence(tp.partition)
+            self.store.finish_rejoin(member)
             self.metrics.rebuilds.inc()
             log.warning(
                 "event=rebuild_partition reason=%s topic=%s partition=%d until=%d",
@@ -241,17 +253,62 @@ class SpeedWorker:
             self._account(tp, outcome, started)
 
     def rejoin(self, tables: set[str]) -> bool:
-        """Rebuild the owned partitions of the sources joining `tables` (rule 11: a late table
-        version changed a join the speed view counted); whether any is to be rebuilt."""
+        """Join the owned partitions of the sources joining `tables` anew (rule 11: a late
+        table version changed a join the speed view counted): noted in Redis, so a new owner
+        finishes the job, and done as each is positioned again; whether any is to be."""
         if not tables:
             return False
-        owned = [
-            tp for tp in self.consumer.assignment() if tables & set(self.joined_by_source[tp.topic])
-        ]
-        self.rejoining.update(owned)
+        owned = {
+            tp: tables & set(self.joined_by_source[tp.topic]) for tp in self.consumer.assignment()
+        }
+        owned = {tp: joined for tp, joined in owned.items() if joined}
+        self.store.mark_rejoin(
+            {rebuild_member(tp.topic, tp.partition): t for tp, t in owned.items()}
+        )
+        for tp, joined in owned.items():
+            self.rejoining.setdefault(tp, set()).update(joined)
         self.consumer.reposition(owned)
         log.warning("event=rejoin tables=%s partitions=%s", sorted(tables), sorted(map(str, owned)))
         return bool(owned)
+
+    async def rejoin_cells(self, tp: TP, fence: Fence, plan: SourcePlan) -> None:
+        """`rejoin_partition` (rule 11), counted and logged."""
+        started = time.perf_counter()
+        member = rebuild_member(tp.topic, tp.partition)
+        await asyncio.to_thread(self.served.refresh)
+        if not self.served.loaded:
+            raise ServedRowUnavailable(
+                f"{tp.topic}[{tp.partition}] is to be joined anew from rebuild_from, which is "
+                "in PostgreSQL, which has not answered yet; retrying"
+            )
+        self.tables.catch_up()
+        watermarks = self.served.watermarks
+        start = self.served.rebuild_from(tp.topic, tp.partition)
+        known = [w for m in self.processors[tp.topic].metrics if (w := watermarks.get(m.name))]
+        status, records = await rejoin_partition(
+            self.settings,
+            self.store,
+            tp.partition,
+            fence,
+            plan,
+            start,
+            min(known, default=None),
+            watermarks,
+            self.tables.joins,
+        )
+        self.metrics.rejoined_records.labels(tp.topic).inc(records)
+        if status != APPLIED:
+            self._not_applied(tp, status)
+            return
+        self.store.finish_rejoin(member)
+        log.warning(
+            "event=rejoin_partition topic=%s partition=%d metrics=%s records=%d seconds=%.2f",
+            tp.topic,
+            tp.partition,
+            ",".join(m.name for m in plan.metrics),
+            records,
+            time.perf_counter() - started,
+        )
 
     def _account(self, tp: TP, outcome: BatchOutcome, started: float) -> None:
         """Count an outcome, let its offsets be committed, or act on its failed apply."""
@@ -379,53 +436,14 @@ class SpeedWorker:
     # -- housekeeping ------------------------------------------------------------------------
 
     def cleanup(self, owned: set[TP]) -> tuple[int, int]:
-        """Delete owned cells ending at or before a long-served W, and owned de-dup id sets
-        whose bucket is late for every metric of the source. Returns (cells, id sets)."""
-        by_topic: dict[str, set[int]] = {}
-        for tp in owned:
-            by_topic.setdefault(tp.topic, set()).add(tp.partition)
-        cells: list[str] = []
-        id_sets: list[str] = []
-        for topic, partitions in by_topic.items():
-            processor = self.processors[topic]
-            for metric in processor.metrics:
-                safe = self.served.safe_watermark(metric.name)
-                if safe is None:
-                    continue
-                for key, start, partition in self.store.sub_cells(metric):
-                    if partition in partitions and metric.windows.cell_end(start) <= safe:
-                        cells.append(key)
-            for key, partition, bucket in self.store.id_sets(topic):
-                fence = processor.known_fence(partition) if partition in partitions else None
-                if fence is not None and self._late_for_all(processor, bucket, fence):
-                    id_sets.append(key)
+        """Delete what the batch serves of the owned partitions (`expired_keys`). Returns
+        (cells, id sets)."""
+        cells, id_sets = expired_keys(owned, self.processors, self.served, self.store)
         if cells:
             self.store.delete_keys(cells)
         if id_sets:
             self.store.delete_keys(id_sets)
         return len(cells), len(id_sets)
-
-    def _late_for_all(self, processor: SourceProcessor, bucket: int, fence: Fence) -> bool:
-        metrics = [
-            (m.base_window_ms, m.grace_ms, self.served.watermarks.get(m.name))
-            for m in processor.metrics
-        ]
-        return id_bucket_closed(bucket, processor.id_bucket_ms, metrics, fence.stream_time)
-
-    def oldest_joined_w(self) -> dict[str, int]:
-        """Table name -> the smallest W of the metrics joining it, when every one has a W
-        (an event before it is late for all of them, rule 11)."""
-        watermarks = self.served.watermarks
-        by_table: dict[str, list[int]] = {}
-        unknown: set[str] = set()
-        for plan in self.settings.plans.values():
-            for lookup in plan.lookups:
-                w = watermarks.get(plan.name)
-                if w is None:
-                    unknown.add(lookup.table.name)
-                else:
-                    by_table.setdefault(lookup.table.name, []).append(w)
-        return {name: min(ws) for name, ws in by_table.items() if name not in unknown}
 
     def report_lag(self) -> None:
         consumer = self.consumer
@@ -490,7 +508,7 @@ class SpeedWorker:
             self.report_lag()
             self.check_epoch()
             self.reseed_idle()
-            self.tables.prune(self.oldest_joined_w())
+            self.tables.prune(oldest_joined_w(self.settings, self.served.watermarks))
             self.follow_tables()
             await asyncio.to_thread(self.publish_table_dead_letters)
 

@@ -64,6 +64,13 @@ class SpeedMetrics:
             "Rebuilds started after the speed view was lost (rule 9)",
             registry=self.registry,
         )
+        self.rejoined_records = Counter(
+            "speed_rejoined_records",
+            "Records read again to join a table's late version anew (rule 11): a partition's "
+            "events since W, for the metrics joining the table",
+            ["topic"],
+            registry=self.registry,
+        )
         self.cleaned_keys = Counter(
             "speed_cleaned_keys",
             "Cells and de-dup sets deleted once the batch serves them (rule 8)",

@@ -36,6 +36,7 @@ from shared.events import (
     metric_inputs,
     parse_fields,
 )
+from shared.lateness import id_bucket_closed
 from shared.metric_plan import MetricPlan, Rollup, versions_digest
 from shared.speed_view import (
     APPLIED,
@@ -148,6 +149,14 @@ class SourcePlan:
         metrics = settings.plans_of(source)
         bucket = min((m.base_window_ms for m in metrics), default=60_000)
         return cls(source, metrics, bucket, versions_digest(metrics))
+
+    def id_bucket_closed(
+        self, bucket_ms: int, watermarks: Mapping[str, int | None], stream_time: int | None
+    ) -> bool:
+        """Whether a partition whose stream time is `stream_time` may forget the de-dup id
+        bucket starting at `bucket_ms` (rule 4): a later copy would be late for every metric."""
+        metrics = [(m.base_window_ms, m.grace_ms, watermarks.get(m.name)) for m in self.metrics]
+        return id_bucket_closed(bucket_ms, self.id_bucket_ms, metrics, stream_time)
 
 
 class SourceProcessor:

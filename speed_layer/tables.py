@@ -203,6 +203,21 @@ class TableFeeds:
                 consumer.close()
 
 
+def oldest_joined_w(settings: Settings, watermarks: Mapping[str, int | None]) -> dict[str, int]:
+    """Table name -> the smallest W of the metrics joining it, when every one has a W (an
+    event before it is late for all of them, rule 11)."""
+    by_table: dict[str, list[int]] = {}
+    unknown: set[str] = set()
+    for plan in settings.plans.values():
+        for lookup in plan.lookups:
+            w = watermarks.get(plan.name)
+            if w is None:
+                unknown.add(lookup.table.name)
+            else:
+                by_table.setdefault(lookup.table.name, []).append(w)
+    return {name: min(ws) for name, ws in by_table.items() if name not in unknown}
+
+
 class TableDeadLetters:
     """Publishes the invalid records of every table to `<table>.dlq` (rule 11), once per
     record however many workers run: the workers share the tables' partitions in a consumer

@@ -23,6 +23,9 @@ Every key a source partition's fenced apply writes carries that partition's hash
   once the bucket is late for every metric of the source.
 - `lp:{lp}:rebuilding` — set of `<topic>:<partition>` being rebuilt after a data loss; the API
   reports `speed_status: "rebuilding"` while it is not empty.
+- `lp:{lp}:rejoin` — hash `<topic>:<partition>` -> the comma-separated tables whose late
+  versions the partition's cells are still to be joined with again (rule 11); kept until the
+  recomputed cells replace the old ones, so a new owner does it if this one dies first.
 - `lp:{lp}:rebuild_until` — hash `<topic>:<partition>` -> the offset a rebuild must reach
   before that member leaves the rebuilding set (so whichever worker owns the partition can
   finish it).
@@ -43,6 +46,7 @@ import orjson
 EPOCH_KEY = "lp:{lp}:epoch"
 REBUILDING_KEY = "lp:{lp}:rebuilding"
 REBUILD_UNTIL_KEY = "lp:{lp}:rebuild_until"
+REJOIN_KEY = "lp:{lp}:rejoin"
 STALLED_KEY = "lp:{lp}:stalled"
 
 

@@ -15,6 +15,7 @@ from shared.speed_view.keys import (
     EPOCH_KEY,
     REBUILD_UNTIL_KEY,
     REBUILDING_KEY,
+    REJOIN_KEY,
     STALLED_KEY,
     PartitionStall,
     cell_of_key,
@@ -170,6 +171,37 @@ class SpeedViewWriter:
         pipe.expire(REBUILDING_KEY, self._ttl)
         pipe.expire(REBUILD_UNTIL_KEY, self._ttl)
         pipe.execute()
+
+    def mark_rejoin(self, members: Mapping[str, set[str]]) -> None:
+        """Note, per `<topic>:<partition>` member, the tables its cells are to be joined with
+        again (added to any noted before)."""
+        for member, tables in members.items():
+            pending = self.pending_rejoin(member) | tables
+            self._client.hset(REJOIN_KEY, member, ",".join(sorted(pending)))
+        if members:
+            self._client.expire(REJOIN_KEY, self._ttl)
+
+    def pending_rejoin(self, member: str) -> set[str]:
+        raw = self._client.hget(REJOIN_KEY, member)
+        text = raw.decode() if isinstance(raw, bytes) else (raw or "")
+        return set(text.split(",")) - {""}
+
+    def finish_rejoin(self, member: str) -> None:
+        self._client.hdel(REJOIN_KEY, member)
+
+    def cell_fields(
+        self, topic: str, partition: int, plan: MetricPlan
+    ) -> dict[str, tuple[int, set[bytes]]]:
+        """Every sub-cell of a metric version in one partition: key -> (start_ms, its fields)."""
+        keys = self._scan(cell_pattern(topic, plan.name, plan.version, partition))
+        pipe = self._client.pipeline(transaction=False)
+        for key in keys:
+            pipe.hkeys(key)
+        answers = pipe.execute() if keys else []
+        return {
+            key: (cell_of_key(key)[0], set(fields))
+            for key, fields in zip(keys, answers, strict=True)
+        }
 
     def rebuild_until(self, member: str) -> int | None:
         raw = self._client.hget(REBUILD_UNTIL_KEY, member)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 
 from lambdactl.generator import GeneratorSpec, generate
 from shared.config import Settings
-from shared.speed_view import ApplyBatch, Fence
+from shared.speed_view import Fence
 from speed_layer.processor import BatchOutcome, RawRecord, SourcePlan, decide
+from speed_layer.rejoin import MemoryView
 from tests import oracle
 from tests.conftest import platform_config
 from tests.speed.support import USER_SESSIONS
@@ -28,38 +29,6 @@ from tests.views import speed_cells_of
 MINUTE = 60_000
 T0 = 1_704_067_200_000
 CREATED = T0 + 60 * MINUTE
-
-
-class MemoryView:
-    """The speed view's hashes and sets in dicts, read as `decide` reads Redis."""
-
-    def __init__(self) -> None:
-        self.hashes: dict[str, dict[bytes, bytes]] = defaultdict(dict)
-        self.sets: dict[str, set[str]] = defaultdict(set)
-        self.strings: dict[str, bytes] = {}
-
-    def known_ids(self, requests: Mapping[str, Sequence[str]]) -> dict[str, list[bool]]:
-        return {name: [m in self.sets[name] for m in ids] for name, ids in requests.items()}
-
-    def read_fields(self, requests: Mapping[str, Sequence[bytes]]) -> dict[str, list[bytes | None]]:
-        return {name: [self.hashes[name].get(f) for f in fs] for name, fs in requests.items()}
-
-    def read_strings(self, names: Sequence[str]) -> list[bytes | None]:
-        return [self.strings.get(name) for name in names]
-
-    def write(self, batch: ApplyBatch) -> None:
-        for name, fields in batch.cells.items():
-            self.hashes[name].update(fields)
-        for name, members in batch.ids.items():
-            self.sets[name].update(members)
-        for name, fields in batch.deleted.items():
-            for field in fields:
-                self.hashes[name].pop(field, None)
-        self.strings.update(batch.strings)
-        for name, data in batch.appends.items():
-            self.strings[name] = self.strings.get(name, b"") + data
-        for name in batch.dropped:
-            del self.strings[name]
 
 
 def _config(grace: str = "2m") -> dict[str, Any]:
@@ -256,6 +225,41 @@ def test_any_split_into_batches_matches_the_oracle(cuts: list[int], w_minutes: i
         late.update(o.late_by_metric)
     assert {k: v for k, v in late.items() if v} == {k: v for k, v in expected.late.items() if v}
     assert fence.stream_time == expected.stream_time[("pv-decide", 0)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    skews=st.lists(
+        st.one_of(
+            st.integers(-30 * MINUTE, 0),  # on time or late
+            st.integers(1, 5 * MINUTE),  # a device clock ahead, inside max_future
+            st.integers(5 * MINUTE + 1, 366 * 24 * 60 * MINUTE),  # beyond: malformed
+        ),
+        min_size=1,
+        max_size=60,
+    )
+)
+def test_clock_skewed_events_never_move_stream_time_past_arrival(skews: list[int]) -> None:
+    """Rules 1 and 2: whatever the producers' clocks say, stream time follows the records'
+    timestamps (the broker's clock), and the batch's cells equal the oracle's."""
+    config = _config()
+    plan = _plan(config)
+    view = MemoryView()
+    arrivals = [T0 + 30 * MINUTE + i * 1_000 for i in range(len(skews))]
+    records = [
+        _event(i, arrival + skew, created=arrival)
+        for i, (arrival, skew) in enumerate(zip(arrivals, skews, strict=True))
+    ]
+    (outcome,), fence = _run(plan, view, [records])
+    assert fence.stream_time is None or fence.stream_time <= max(arrivals)
+    expected = oracle.compute(
+        config,
+        [oracle.Record("pv-decide", 0, r.offset, r.timestamp, r.value) for r in records],
+        late_rule=True,
+    )
+    assert fence.stream_time == expected.stream_time.get(("pv-decide", 0))
+    assert oracle.compare(expected.cells, _cells(config, view)) == []
+    assert len(outcome.dead_letters) == sum(s > 5 * MINUTE for s in skews)
 
 
 @settings(max_examples=10, deadline=None)
