@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from shared.db.runs import RangeRefused
 from shared.errors import CronError as CronError  # raised by shared.cron
 from shared.errors import LambdaError
 
@@ -9,6 +10,16 @@ from shared.errors import LambdaError
 class BatchError(LambdaError):
     """Base class of the errors the batch layer raises on purpose; a run that raises one is
     marked failed with its message."""
+
+
+class NotRetriable(BatchError):
+    """A run that raises one fails without another attempt (the runner's retries, rule 7): the
+    cause is the request or the configuration, which a retry would meet again."""
+
+
+class RangeUnrunnable(NotRetriable, RangeRefused):
+    """A range run met while the configuration holds a session metric: queued before it did
+    (the queue refuses one since), it fails with the queue's reason rather than run full."""
 
 
 class RunNotExecutable(BatchError):

@@ -11,16 +11,16 @@ plan the same way.
 - `RangeRun`: `[start, end)` widened to the largest configured window's boundaries, read up to
   the served snapshot; only the cells in that range are replaced; W never moves.
 
-An incremental or range run whose served cells were computed with other metric versions (or
-with no served view at all) executes as `full`. When a table some metric joins has versions
-past the served snapshot, an incremental run also recomputes that metric's cells from the
-earliest time those versions are valid from, from every event (rule 11): it re-reads each
-partition from the first offset of an event at or after that time (the rebuild index says
-where when it reaches back that far, else the history index from that UTC day on, else from
-offset 0) and replaces those cells. A session metric (and its parts) is recomputed the same
-way from `max_duration` before its source's earliest new event, each key continued from its
-last stored session before that (rule 13); a range run of a configuration holding one runs
-full."""
+A range run fails while the configuration holds a session metric (`RangeUnrunnable`; the
+queue refuses one then, `RangeRefused`). Otherwise an incremental or range run whose served
+cells were computed with other metric versions (or with no served view at all) executes as
+`full`. When a table some metric joins has versions past the served snapshot, an incremental
+run also recomputes that metric's cells from the earliest time those versions are valid from,
+from every event (rule 11): it re-reads each partition from the first offset of an event at or
+after that time (the rebuild index says where when it reaches back that far, else the history
+index from that UTC day on, else from offset 0) and replaces those cells. A session metric
+(and its parts) is recomputed the same way from `max_duration` before its source's earliest
+new event, each key continued from its last stored session before that (rule 13)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from psycopg import sql
 from pyspark.sql import SparkSession
 
 from batch_layer.aggregate import IdLookup, SourceRead, SourceResult
-from batch_layer.errors import LogRewoundError
+from batch_layer.errors import LogRewoundError, RangeUnrunnable
 from batch_layer.kafka_source import earliest_event
 from batch_layer.lookups import earliest_change
 from batch_layer.publish import (
@@ -57,7 +57,7 @@ from shared.config import RunMode, Settings, SourceConfig
 from shared.db.cell_tables import retention_groups
 from shared.db.cells import BatchCell
 from shared.db.connect import connect
-from shared.db.runs import RunRecord
+from shared.db.runs import RunRecord, session_metrics
 from shared.db.served import ServedView, read_served
 from shared.db.sessions import boundary_sessions
 from shared.metric_plan import MetricPlan, session_part_name, versions_of
@@ -278,21 +278,21 @@ def plan_run(
     record: RunRecord,
     force: RunMode | None,
 ) -> RunPlan:
-    """The plan of run `record` (`force`: the mode to run instead of the requested one)."""
+    """The plan of run `record` (`force`: the mode to run instead of the requested one).
+
+    Raises `RangeUnrunnable` for a range while the configuration holds a session metric,
+    whatever is served: the queue refuses such a range (`RangeRefused`), so this one was
+    queued before, and it fails rather than run as the full run nobody asked for."""
+    mode: RunMode = force or record.request.mode
+    sessions = session_metrics(settings)
+    if mode == "range" and sessions:
+        raise RangeUnrunnable(sessions)
     served = read_served(conn)
     conn.commit()
-    mode: RunMode = force or record.request.mode
     if mode != "full" and (
         served is None or served.versions != versions_of(settings.plans.values())
     ):
         log.info("run %s: served cells are of other metric versions; running full", record.id)
-        mode = "full"
-    if mode == "range" and any(m.sessions is not None for m in settings.plans.values()):
-        log.info(
-            "run %s: a range would cut sessions at its bounds; session metrics are recomputed "
-            "by incremental and full runs only: running full",
-            record.id,
-        )
         mode = "full"
     if mode == "full":
         return FullRun(take_snapshot(settings), served)

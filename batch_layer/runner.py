@@ -1,5 +1,6 @@
 """The runner (rule 7): executes queued runs one at a time, queues the scheduled incremental
-runs, retries failed runs with backoff and fails the runs of runners that died.
+runs, retries failed runs with backoff (except those whose error is `NotRetriable`) and fails
+the runs of runners that died.
 
 At most one run executes at a time across all runners: a runner executes only while it holds a
 PostgreSQL session advisory lock. The lock dies with the runner's connection (a `kill -9`
@@ -26,7 +27,7 @@ from typing import Any
 
 import psycopg
 
-from batch_layer.errors import RunNotExecutable
+from batch_layer.errors import NotRetriable, RunNotExecutable
 from batch_layer.job import execute_run
 from batch_layer.schedule import Schedule
 from shared.backoff import Backoff
@@ -129,7 +130,7 @@ class _Runner:
     stop: threading.Event
     name: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     executed: int = 0
-    interrupted: tuple[RunRecord, str] | None = None
+    interrupted: tuple[RunRecord, BaseException] | None = None
     """A run that failed (its error) and whose failure is not fully recorded yet: PostgreSQL
     went away before its retry was queued, or before it was even marked failed."""
     backoff: Backoff = field(init=False)
@@ -201,28 +202,34 @@ class _Runner:
                 log.warning("%s", exc)
             except Exception as exc:
                 log.exception("run %s failed", run.id)
-                self.interrupted = (run, _describe(exc))
+                self.interrupted = (run, exc)
                 self._settle_interrupted(conn)
 
     def _settle_interrupted(self, conn: psycopg.Connection[Any]) -> None:
         """Record the failed run's outcome: marked failed (when PostgreSQL was down as it
-        failed, only now, with its error) and retried per `batch.max_attempts`."""
+        failed, only now, with its error) and retried per `batch.max_attempts`, unless what
+        made it fail is `NotRetriable`."""
         if self.interrupted is None:
             return
         run, error = self.interrupted
+        cause = _cause(error)
         if mark_failed(
-            conn, run.id, f"{error} (PostgreSQL was unreachable as the run failed; recorded later)"
+            conn,
+            run.id,
+            f"{type(cause).__name__}: {cause} "
+            "(PostgreSQL was unreachable as the run failed; recorded later)",
         ):
             log.warning("run %s failed while PostgreSQL was unreachable; marked failed", run.id)
-        _maybe_retry(conn, self.settings, run)
+        if isinstance(cause, NotRetriable):
+            log.error("run %s is not retried: another attempt would fail the same way", run.id)
+        else:
+            _maybe_retry(conn, self.settings, run)
         self.interrupted = None
 
 
-def _describe(error: BaseException) -> str:
-    """A failed run's error text: what made it fail, not the failure to record that (when
-    PostgreSQL went away, marking the run failed raises too, with the first error as its
-    context)."""
-    first = error
+def _cause(error: BaseException) -> BaseException:
+    """What made a run fail, not the failure to record that (when PostgreSQL went away,
+    marking the run failed raises too, with the first error as its context)."""
     if isinstance(error, psycopg.OperationalError) and error.__context__ is not None:
-        first = error.__context__
-    return f"{type(first).__name__}: {first}"
+        return error.__context__
+    return error

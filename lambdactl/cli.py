@@ -153,22 +153,19 @@ def batch_run(
     """Queue a run, then show its progress until it is done (executing it here when no
     runner is active)."""
     from lambdactl.batch_watch import watch_run
-    from shared.db.runs import QueueFull, RunRequest
+    from shared.db.runs import QueueFull, RangeRefused, RunRequest
 
     settings = _settings()
     try:
-        request = RunRequest(
-            mode.value,
-            _time_option("start", start),
-            _time_option("end", end),
-            limits=settings.batch,
+        request = RunRequest.operator(
+            settings, mode.value, _time_option("start", start), _time_option("end", end)
         )
     except ValueError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
     try:
         succeeded = watch_run(settings, request, console)
-    except QueueFull as exc:
+    except (RangeRefused, QueueFull) as exc:
         _print_error(exc)
         raise typer.Exit(1) from exc
     if not succeeded:

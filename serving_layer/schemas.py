@@ -28,7 +28,8 @@ def problems(*codes: int) -> dict[int | str, dict[str, object]]:
         401: "missing or unknown token (when tokens are configured)",
         403: "a reader token on an operator route",
         404: "unknown metric or run",
-        409: "the run is not queued",
+        409: "a range run while a session metric is configured (queueing), or the run is not "
+        "queued (cancelling)",
         429: "`batch.max_queued_runs` runs of the mode are queued; retry after `Retry-After` "
         "seconds or cancel queued runs",
         503: "PostgreSQL is unreachable, or (with `Retry-After`) the process is at "

@@ -10,11 +10,12 @@ from fastapi import APIRouter, Body, Path, Query
 from serving_layer.auth import OperatorDep
 from serving_layer.deps import DbDep, SettingsDep
 from serving_layer.errors import bad_request, conflict, not_found, too_many_requests
-from serving_layer.params import time_of
+from serving_layer.params import DeclaredParamsDep, time_of
 from serving_layer.schemas import Problem, Run, RunCreate, RunList, RunQueued, problems
 from serving_layer.timefmt import format_time
 from shared.db.runs import (
     QueueFull,
+    RangeRefused,
     RunRecord,
     RunRequest,
     cancel_run,
@@ -26,7 +27,7 @@ from shared.db.runs import (
 router = APIRouter(
     prefix="/v1/batch/runs",
     tags=["batch runs"],
-    dependencies=[OperatorDep],
+    dependencies=[OperatorDep, DeclaredParamsDep],
     responses=problems(400, 401, 403, 503),
 )
 
@@ -85,17 +86,18 @@ def run_out(record: RunRecord) -> Run:
     "",
     status_code=202,
     response_model=RunQueued,
-    responses={400: {"model": Problem}, **problems(429)},
+    responses={400: {"model": Problem}, **problems(409, 429)},
     description="Queue a run. `range` needs `start` and `end`, at most `batch.max_range_days` "
-    "apart; the others take neither. An identical request that is still queued is coalesced: "
-    "you get its id. With `batch.max_queued_runs` runs of the mode queued, any other request "
-    "is refused (429, with `Retry-After`).",
+    "apart; the others take neither. A `range` is refused (409, naming them) while a session "
+    "metric is configured: queue a full run. An identical request that is still queued (same "
+    "mode, `start` and `end`) is coalesced: you get its id. With `batch.max_queued_runs` runs "
+    "of the mode queued, any other request is refused (429, with `Retry-After`).",
 )
 def create_run(db: DbDep, settings: SettingsDep, body: Annotated[RunCreate, Body()]) -> RunQueued:
     start_ms = None if body.start is None else time_of("start", str(body.start))
     end_ms = None if body.end is None else time_of("end", str(body.end))
     try:
-        request = RunRequest(body.mode, start_ms, end_ms, limits=settings.batch)
+        request = RunRequest.operator(settings, body.mode, start_ms, end_ms)
     except ValueError as exc:
         raise bad_request(
             f"{exc}; send {{'mode': 'range', 'start': ..., 'end': ...}} or a mode without a range"
@@ -103,6 +105,8 @@ def create_run(db: DbDep, settings: SettingsDep, body: Annotated[RunCreate, Body
     with db.connection() as conn:
         try:
             run_id, coalesced = queue_run(conn, request)
+        except RangeRefused as exc:
+            raise conflict(str(exc)) from None
         except QueueFull as exc:
             raise too_many_requests(str(exc), QUEUE_FULL_RETRY_AFTER_S) from None
         record = get_run(conn, run_id)

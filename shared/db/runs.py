@@ -3,10 +3,12 @@
 Requests are rows with status `queued`; one runner executes them one at a time. An identical
 request that is still queued (same mode and range) is coalesced: the caller gets its id. An
 operator's request is bounded (`batch.max_queued_runs` queued per mode, ranges of at most
-`batch.max_range_days`); the runner's own runs are not, so that none is lost."""
+`batch.max_range_days`), and a range is refused while the configuration holds a session metric
+(`RangeRefused`); the runner's own runs are not bounded, so that none is lost."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -14,7 +16,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from shared.config import BatchConfig, RunMode
+from shared.config import BatchConfig, RunMode, Settings
 from shared.errors import LambdaError
 from shared.events import MAX_EVENT_MS, MIN_EVENT_MS
 
@@ -30,6 +32,19 @@ class RunRequest:
     limits: BatchConfig | None = field(default=None, compare=False, repr=False)
     """The bounds of an operator's request (the API, `lambdactl batch run`): its range's width
     here, the queue's length in `queue_run`. None: a run the runner queues itself."""
+    session_metrics: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    """An operator's request: the configuration's session metrics, for which `queue_run`
+    refuses a range (`RangeRefused`)."""
+
+    @classmethod
+    def operator(
+        cls, settings: Settings, mode: RunMode, start_ms: int | None, end_ms: int | None
+    ) -> RunRequest:
+        """An operator's request (the API, `lambdactl batch run`) under `settings`: bounded by
+        `settings.batch`, and refused as a range while `settings` holds a session metric."""
+        return cls(
+            mode, start_ms, end_ms, limits=settings.batch, session_metrics=session_metrics(settings)
+        )
 
     def __post_init__(self) -> None:
         if self.mode == "range":
@@ -79,8 +94,8 @@ class RunRecord:
     not_before: datetime | None = None
     runner: str | None = None
     executed_mode: str | None = None
-    """The mode the run executed: an incremental or range run runs as `full` when the served
-    cells were computed with other metric versions (rule 7)."""
+    """The mode the run executed: an incremental or range run runs as `full` when nothing is
+    served yet or the served cells were computed with other metric versions (rule 7)."""
     timings: dict[str, float] | None = None
     """Seconds per phase (snapshot, read, aggregate, publish, total)."""
 
@@ -101,6 +116,27 @@ class QueueFull(LambdaError):
             "batch.max_queued_runs (LAMBDA_BATCH__MAX_QUEUED_RUNS) allows; wait until the "
             "runner starts one, or cancel queued runs: GET /v1/batch/runs?status=queued lists "
             "them, POST /v1/batch/runs/{id}/cancel cancels one"
+        )
+
+
+def session_metrics(settings: Settings) -> tuple[str, ...]:
+    """The configured session metrics (rule 13), which no range run can recompute."""
+    return tuple(m.name for m in settings.metrics if m.session is not None)
+
+
+class RangeRefused(LambdaError):
+    """A range run while the configuration holds a session metric (rule 7). A range run reads
+    only the events of its range, so it would cut each session crossing a bound in two; only
+    full and incremental runs recompute a session metric (rule 13)."""
+
+    def __init__(self, metrics: Sequence[str]) -> None:
+        self.metrics = tuple(metrics)
+        named = ", ".join(f"'{m}'" for m in self.metrics)
+        plural = "s" if len(self.metrics) > 1 else ""
+        super().__init__(
+            f"a range run cannot recompute session metric{plural} {named}: its sessions may "
+            "cross the range's bounds (rule 13 in docs/semantics.md); queue a full run "
+            '({"mode": "full"}, `lambdactl batch run --mode full`) instead'
         )
 
 
@@ -125,9 +161,13 @@ def _lock_and_find_queued(
 def queue_run(conn: psycopg.Connection[Any], request: RunRequest) -> tuple[int, bool]:
     """Queue a run; returns (run id, whether it was coalesced with an identical queued one).
 
-    An operator's request (with `limits`) that would not coalesce raises `QueueFull` when
+    An operator's range request raises `RangeRefused` when the configuration holds a session
+    metric (before coalescing: a twin queued earlier fails when the runner meets it). An
+    operator's request (with `limits`) that would not coalesce raises `QueueFull` when
     `max_queued_runs` runs of its mode are queued: counted under the coalescing lock, so
     concurrent requests cannot queue past the bound."""
+    if request.mode == "range" and request.session_metrics:
+        raise RangeRefused(request.session_metrics)
     with conn.transaction():
         existing = _lock_and_find_queued(conn, request.mode, request.start_ms, request.end_ms)
         if existing is not None:

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
 
-from batch_layer import execute_run
+from batch_layer import execute_run, run_runner
 from batch_layer.sessions import DURATION_COLUMN, SESSION_COLUMN, with_sessions
 from lambdactl.generator import GeneratorSpec
 from shared.db.connect import connect
-from shared.db.runs import RunRequest
+from shared.db.runs import RunRequest, list_runs
 from shared.db.sessions import boundary_sessions
 from shared.sessions import Session, SessionRule
 from tests import oracle
@@ -216,8 +216,18 @@ def test_a_full_run_of_session_metrics_equals_the_oracle(platform: Platform, spa
         assert run_record(settings, again).executed_mode == "incremental"
         assert oracle_mismatches(settings, world.config) == []
 
-    # A range would cut sessions at its bounds: it runs full.
+    # A range would cut sessions at its bounds: the queue refuses one while a session metric
+    # is configured, and one queued before (as the runner's own request is, unchecked) fails
+    # with that reason, once (a retry would meet the same configuration), moving nothing.
+    before, cells_before = served_view(settings)
     ranged = queue(settings, RunRequest("range", now - 2 * HOUR, now - HOUR))
-    execute_run(settings, spark, ranged)
-    assert run_record(settings, ranged).executed_mode == "full"
-    assert oracle_mismatches(settings, world.config) == []
+    assert run_runner(settings, once=True, spark=spark, schedule=False) == 1
+    failed = run_record(settings, ranged)
+    assert failed.status == "failed" and failed.executed_mode is None, failed
+    assert failed.error is not None
+    for words in ("session metrics 'visits', 'country_visits'", "rule 13", '{"mode": "full"}'):
+        assert words in failed.error, failed.error
+    with connect(settings.postgres.url, autocommit=True) as conn:
+        assert [r.id for r in list_runs(conn) if r.retry_of == ranged] == []
+    after, cells_after = served_view(settings)
+    assert after == before and cells_after == cells_before, "W and the cells stay as served"

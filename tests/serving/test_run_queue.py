@@ -1,5 +1,6 @@
-"""The run queue is bounded (rule 7): `batch.max_queued_runs` queued runs per mode for an
-operator's request, ranges within event times and at most `batch.max_range_days` wide."""
+"""The run queue (rule 7): identical queued requests coalesce; an operator's request is bounded
+(`batch.max_queued_runs` queued runs per mode, ranges within event times and at most
+`batch.max_range_days` wide), and a range is refused while a session metric is configured."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from shared.config import BatchConfig
 from shared.db.connect import connect
 from shared.db.runs import DAY_MS, QueueFull, RunRequest, queue_run
 from shared.events import MAX_EVENT_MS, MIN_EVENT_MS
-from tests.conftest import Platform
+from tests.conftest import Platform, reconfigured
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(300)]
 
@@ -26,8 +27,31 @@ HOUR_MS = 3_600_000
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
 
+SESSION_METRIC = {
+    "name": "route_sessions",
+    "source": "pageviews",
+    "key": ["user_id"],
+    "aggregations": ["count"],
+    "session": {"gap": "5m", "max_duration": "30m"},
+    "windows": ["5m", "1h"],
+}
+REFUSAL = (
+    "a range run cannot recompute session metric 'route_sessions'",
+    "rule 13 in docs/semantics.md",
+    'queue a full run ({"mode": "full"}',
+)
+
+
 def _range(i: int) -> dict[str, int | str]:
     return {"mode": "range", "start": T0 + i * HOUR_MS, "end": T0 + (i + 1) * HOUR_MS}
+
+
+def _runs(platform: Platform) -> int:
+    """Every run in the log, whatever its status."""
+    with connect(platform.settings.postgres.url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM batch_runs").fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def _queued(platform: Platform, mode: str) -> int:
@@ -42,6 +66,12 @@ def _queued(platform: Platform, mode: str) -> int:
 @pytest.fixture
 def limits(platform: Platform) -> BatchConfig:
     return platform.settings.batch.model_copy(update={"max_queued_runs": BOUND})
+
+
+@pytest.fixture
+def with_sessions(platform: Platform) -> Platform:
+    """The platform with a session metric beside its own metrics."""
+    return reconfigured(platform, metrics=[*platform.config["metrics"], SESSION_METRIC])
 
 
 @pytest.fixture
@@ -145,3 +175,62 @@ def test_lambdactl_batch_run_refused_prints_why_and_exits_1(platform: Platform) 
     assert "LAMBDA_BATCH__MAX_QUEUED_RUNS" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr
     assert _queued(platform, "range") == 1
+
+
+def test_identical_queued_ranges_coalesce_and_different_ones_do_not(client: TestClient) -> None:
+    """Coalescing compares the requested mode and instants (before a range is widened to
+    window boundaries), and only with a run still queued."""
+    first = client.post("/v1/batch/runs", json=_range(0)).json()
+    assert first["coalesced"] is False
+    twin = client.post("/v1/batch/runs", json={**_range(0), "start": "2026-01-01T00:00:00Z"})
+    assert twin.status_code == 202 and twin.json()["coalesced"] is True, twin.text
+    assert twin.json()["run_id"] == first["run_id"]
+    others = [
+        {**_range(0), "end": T0 + 2 * HOUR_MS},  # same start, another end
+        {**_range(0), "start": T0 + 1},  # widened to the same windows, still another range
+    ]
+    ids = {first["run_id"]}
+    for body in others:
+        other = client.post("/v1/batch/runs", json=body)
+        assert other.status_code == 202 and other.json()["coalesced"] is False, (body, other.text)
+        ids.add(other.json()["run_id"])
+    assert len(ids) == 1 + len(others)
+    assert client.post(f"/v1/batch/runs/{first['run_id']}/cancel").status_code == 200
+    again = client.post("/v1/batch/runs", json=_range(0)).json()
+    assert again["coalesced"] is False and again["run_id"] not in ids, "only queued runs"
+
+
+def test_a_range_is_refused_while_a_session_metric_is_configured(
+    with_sessions: Platform,
+) -> None:
+    with connect(with_sessions.settings.postgres.url, autocommit=True) as conn:
+        queued, _ = queue_run(conn, RunRequest("range", T0, T0 + HOUR_MS))  # from before
+    with TestClient(create_app(with_sessions.settings)) as client:
+        for body in (_range(0), _range(1)):
+            refused = client.post("/v1/batch/runs", json=body)
+            assert refused.status_code == 409, refused.text
+            for words in REFUSAL:
+                assert words in refused.json()["detail"], refused.json()
+        assert client.get("/v1/batch/runs").json()["runs"][0]["run_id"] == queued
+        for mode in ("full", "incremental"):
+            other = client.post("/v1/batch/runs", json={"mode": mode})
+            assert other.status_code == 202, other.text
+    assert _queued(with_sessions, "range") == 1, "the refused requests queued nothing"
+
+
+def test_lambdactl_batch_run_refuses_a_range_while_a_session_metric_is_configured(
+    with_sessions: Platform,
+) -> None:
+    command = ["batch", "run", "--mode", "range", "--start", str(T0), "--end", str(T0 + HOUR_MS)]
+    done = subprocess.run(
+        [sys.executable, "-m", "lambdactl", *command],
+        env={**with_sessions.env, "COLUMNS": "400"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    for words in REFUSAL:
+        assert words in done.stdout, done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+    assert _runs(with_sessions) == 0, "nothing was queued, so nothing ran"
