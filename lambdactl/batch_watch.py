@@ -10,6 +10,7 @@ import time
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from shared.config import Settings
 from shared.db.connect import connect
@@ -76,13 +77,19 @@ def watch_run(
     if errors:
         raise errors[0]
     assert record is not None
+    console.print(outcome(record))
+    return record.status == "succeeded"
+
+
+def outcome(record: RunRecord) -> Text:
+    """The line a finished run ends with, as text rather than console markup: its labels hold
+    brackets (a rollup's `views[page]`, an error's `[Errno 111]`), which markup would read as
+    tags and drop."""
     if record.status != "succeeded":
-        console.print(f"[red]run {run_id} {record.status}[/red]: {record.error or ''}")
-        return False
-    console.print(
-        f"run {run_id} succeeded ({record.executed_mode or record.mode}): "
+        return Text.assemble((f"run {record.id} {record.status}", "red"), f": {record.error or ''}")
+    return Text(
+        f"run {record.id} succeeded ({record.executed_mode or record.mode}): "
         f"{record.rows_in} records in, {record.rows_out} cells out, {record.malformed} "
         f"malformed, skipped {record.skipped or {}}; W {_marks(record.w_before) or 'none'} -> "
         f"{_marks(record.w_after) or 'none'}"
     )
-    return True

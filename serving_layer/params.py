@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
+from typing import get_args
 
-from fastapi import HTTPException
+from fastapi import Depends, HTTPException, Request
+from fastapi.routing import APIRoute
 from starlette.datastructures import QueryParams
 
 from serving_layer.errors import bad_request, not_found
@@ -69,6 +72,7 @@ def window_spec_of(metric: MetricPlan, window: str, step: str | None, tz: str | 
 def _multiple_of_base(metric: MetricPlan, name: str, text: str) -> int:
     base = format_duration(metric.base_window_ms)
     configured = ", ".join(format_duration(w) for w in metric.windows_ms)
+    check_plain(name, text, format_duration(metric.windows_ms[0]))
     try:
         value = parse_duration(text)
     except ValueError:
@@ -85,8 +89,9 @@ def _multiple_of_base(metric: MetricPlan, name: str, text: str) -> int:
 
 
 def time_of(name: str, text: str) -> int:
+    check_plain(name, text, "2024-05-01T00:00:00Z")
     try:
-        value = parse_time(text.strip().replace(" ", "+"))  # an unencoded '+' arrives as ' '
+        value = parse_time(text.replace(" ", "+"))  # an unencoded '+' arrives as ' '
     except (ValueError, OverflowError):
         value = None
     if value is None:
@@ -143,6 +148,7 @@ def options_of(q: str | None) -> RenderOptions:
     (a metric without one renders none and ignores it)."""
     if q is None:
         return DEFAULT_RENDER
+    check_plain("q", q, "0.5,0.9,0.99", separator=",")
     try:
         return RenderOptions(parse_quantiles(q))
     except ValueError as exc:
@@ -171,6 +177,61 @@ def _too_many_cells(limit: int, cells: int, how: str) -> HTTPException:
         f"the query spans {cells} cells, more than the limit of {limit} "
         f"(LAMBDA_SERVING__MAX_CELLS); {how}"
     )
+
+
+def check_plain(name: str, text: str, example: str, separator: str | None = None) -> None:
+    """A number, time or duration is sent in ASCII with no space around it (each of the
+    `separator`-separated ones, for a list): Python's `int`, `float` and `Decimal` read other
+    scripts' digits (fullwidth or Arabic-Indic ones) and skip surrounding space, so a value
+    mistyped or pasted with a space would be read as if it were plain. Every such parameter is
+    checked here, before it is parsed."""
+    parts = [text] if separator is None else text.split(separator)
+    if not text.isascii():
+        problem = "holds characters other than ASCII"
+    elif any(part != part.strip() for part in parts):
+        problem = "has a space around a value"
+    else:
+        return
+    raise bad_request(
+        f"{name}={text!r} {problem}; write it in ASCII (digits 0-9) with nothing around it, "
+        f"e.g. {name}={example}"
+    )
+
+
+INTEGER = re.compile(r"-?[0-9]+")
+"""An integer parameter as sent (`n`, `limit`): pydantic would also read `+5`, `1_0` and
+`10.0`."""
+
+
+async def check_declared(request: Request) -> None:
+    """Every query parameter a route declares is sent at most once (Starlette's `get` would
+    keep the last one silently: `window=1h&window=1m` asked for 1m windows), and one declared
+    as an integer is ASCII digits. The others are a metric's key dimensions, which a query
+    repeats for any of several values (`selection_of`). A router dependency: one check for
+    every route, before any parameter is parsed."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    query = request.query_params
+    for field in route.dependant.query_params:
+        name, info = field.alias, field.field_info
+        values = query.getlist(name)
+        if len(values) > 1:
+            raise bad_request(
+                f"{name} is sent {len(values)} times; send it once (only a key dimension, "
+                "dim=value, may repeat: any of its values)"
+            )
+        if values and int in (get_args(info.annotation) or (info.annotation,)):
+            example = str(info.default if isinstance(info.default, int) else 1)
+            check_plain(name, values[0], example)
+            if not INTEGER.fullmatch(values[0]):
+                raise bad_request(
+                    f"{name}={values[0]!r} is not an integer; send digits 0-9, e.g. "
+                    f"{name}={example}"
+                )
+
+
+DeclaredParamsDep = Depends(check_declared)
 
 
 def check_key_text(name: str, value: str) -> None:

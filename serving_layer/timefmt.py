@@ -26,9 +26,9 @@ def format_time(ms: int) -> str:
 
 
 def parse_time(text: str) -> int | None:
-    """Epoch ms from `2024-05-01T00:00:00Z` (any offset) or from integer epoch milliseconds
-    (ASCII digits: `int` would also read other scripts' digits)."""
-    stripped = text.strip()
-    if stripped.isascii() and stripped.lstrip("-").isdigit():
-        return parse_event_time(int(stripped))
-    return parse_event_time(stripped)
+    """Epoch ms from `2024-05-01T00:00:00Z` (any offset) or from integer epoch milliseconds,
+    exactly as written: ASCII digits (`int` would also read other scripts' digits) and no
+    space around them (`int` would skip it)."""
+    if text.isascii() and text.lstrip("-").isdigit():
+        return parse_event_time(int(text))
+    return parse_event_time(text)

@@ -260,9 +260,9 @@ class MetricConfig(_Strict):
 
     @field_validator("fields")
     @classmethod
-    def _valid_fields(cls, fields: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
-        from shared.expressions import compile_definitions
-
+    def _valid_fields(
+        cls, fields: tuple[tuple[str, str], ...], info: ValidationInfo
+    ) -> tuple[tuple[str, str], ...]:
         for name, _ in fields:
             if not _COMPUTED.fullmatch(name) or name in RESERVED_DIMENSIONS:
                 raise ValueError(
@@ -270,16 +270,14 @@ class MetricConfig(_Strict):
                     "digits or '_', and not a query parameter "
                     f"({', '.join(sorted(RESERVED_DIMENSIONS))})"
                 )
-        compile_definitions(None, dict(fields), None)
+        _compile_named(info, None, dict(fields))
         return fields
 
     @field_validator("where")
     @classmethod
     def _valid_where(cls, where: str | None, info: ValidationInfo) -> str | None:
-        from shared.expressions import compile_definitions
-
         if where is not None:
-            compile_definitions(where, dict(info.data.get("fields", ())), None)
+            _compile_named(info, where, dict(info.data.get("fields", ())))
         return where
 
     @field_validator("key")
@@ -393,6 +391,31 @@ class MetricConfig(_Strict):
                 "a session metric takes no rollups; a query merges its keys (group_by, or no "
                 "key dimension at all)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _inputs_not_always_null(self) -> MetricConfig:
+        """A computed field read as a key dimension, the value or a sketch's field that is
+        NULL for every event would have every event skipped (rule 10): refused, as a `where`
+        that is never TRUE is."""
+        from shared.expressions import compile_definitions, null_fields
+
+        nulls = null_fields(compile_definitions(None, dict(self.fields), None))
+        if not nulls:
+            return self
+        sketched = [a for a in map(parse_aggregation, self.aggregations) if a.field]
+        inputs = [
+            *((dim, "a key dimension", "key") for dim in self.key),
+            *(() if self.value is None else [(self.value, "its value", "value")]),
+            *((a.field, f"the field of {a.spec}", a.skip_reason) for a in sketched),
+        ]
+        for name, role, reason in inputs:
+            if name in nulls:
+                raise ValueError(
+                    f"metric {self.name!r}: fields.{name} is NULL for every event "
+                    f"({nulls[name]}), and the metric reads it as {role}: every event would be "
+                    f"skipped as {reason}_missing; fix the expression or read another field"
+                )
         return self
 
     @model_validator(mode="after")
@@ -767,6 +790,21 @@ class Settings(BaseSettings):
 
     def plans_of(self, source: SourceConfig) -> tuple[MetricPlan, ...]:
         return tuple(p for p in self.plans.values() if p.source.name == source.name)
+
+
+def _compile_named(info: ValidationInfo, where: str | None, fields: Mapping[str, str]) -> None:
+    """`compile_definitions` without the source (`_check_expressions` compiles again with
+    it), its error naming the metric: the error's location names it by index
+    (`metrics.0.where`)."""
+    from shared.expressions import compile_definitions
+
+    try:
+        compile_definitions(where, fields, None)
+    except ValueError as exc:
+        name = info.data.get("name")
+        if name is None:
+            raise
+        raise ValueError(f"metric {name!r}: {exc}") from None
 
 
 def _check_horizon(metric: MetricConfig, source: SourceConfig) -> None:

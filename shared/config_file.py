@@ -1,5 +1,5 @@
 """The config file as the settings read it: YAML refused where it cannot mean a config
-(duplicate keys, tags, an empty file, a top level that is not a mapping, bytes that are not
+(duplicate keys, any tag, an empty file, a top level that is not a mapping, bytes that are not
 UTF-8), each refusal one message naming the file, line, column and key path, and the line of
 every key kept so that a validation error can point at it too."""
 
@@ -18,7 +18,8 @@ KeyPath = tuple[str | int, ...]
 """Where a value sits in the config, as pydantic reports it: `("metrics", 0, "grace")`."""
 
 _TAG = "tag:yaml.org,2002:"
-_PLAIN_TAGS = frozenset(_TAG + t for t in ("null", "bool", "int", "float", "str", "seq", "map"))
+_PLAIN_TAGS = frozenset(_TAG + t for t in ("null", "bool", "int", "float", "str"))
+"""What an untagged scalar may resolve to (a collection always resolves to a list or mapping)."""
 _MERGE_TAG = _TAG + "merge"
 _YAML_HINT = (
     "fix the YAML there: check the indentation, closing brackets and quotes, and quote a value "
@@ -53,6 +54,9 @@ class ConfigLoader(yaml.SafeLoader):
         self.path = path
         self.lines: dict[KeyPath, int] = {}
         self._checked: set[int] = set()
+        self._tags: dict[int, str] = {}
+        """The tag written before a node (`!!python/tuple`, `!!str`, `!custom`), by id: the
+        composed node keeps no mark of whether its tag was written or resolved."""
 
     def load_config(self) -> dict[str, Any]:
         try:
@@ -63,6 +67,7 @@ class ConfigLoader(yaml.SafeLoader):
                     "(`sources:`, `metrics:`... as in lambda.yaml), or unset LAMBDA_CONFIG "
                     "to run with the defaults"
                 )
+            self._check(root, ())
             if not isinstance(root, yaml.MappingNode):
                 found = "a list" if isinstance(root, yaml.SequenceNode) else f"{root.value!r}"
                 raise self._refusal(
@@ -71,13 +76,20 @@ class ConfigLoader(yaml.SafeLoader):
                     f"the file holds {found}, but it must be a mapping of settings: "
                     "`sources:`, `metrics:`, `batch:`... each at the start of a line",
                 )
-            self._check(root, ())
             data: dict[str, Any] = self.construct_document(root)
             return data
         except yaml.MarkedYAMLError as exc:
             raise ConfigError(self._describe_yaml_error(exc)) from None
         finally:
             self.dispose()
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event = self.peek_event()
+        tag = getattr(event, "tag", None)  # an alias (`*name`) has none of its own
+        node = super().compose_node(parent, index)
+        if tag is not None and node is not None:
+            self._tags[id(node)] = tag
+        return node
 
     def _describe_yaml_error(self, exc: yaml.MarkedYAMLError) -> str:
         mark = exc.problem_mark or exc.context_mark
@@ -93,15 +105,22 @@ class ConfigLoader(yaml.SafeLoader):
         return ConfigError(f"{self.path}:{mark.line + 1}:{mark.column + 1}:{where} {problem}")
 
     def _check(self, node: yaml.Node, path: KeyPath) -> None:
-        """Refuse tags beyond plain data (a `!!python/...` tag is also how a YAML file runs
-        code), values their tag does not fit, non-string and duplicate keys."""
+        """Refuse every tag written in the file (a `!!python/...` tag is also how a YAML file
+        runs code, and a config needs none), values YAML reads as something no setting takes,
+        non-string and duplicate keys."""
         if id(node) in self._checked:
             return
         self._checked.add(id(node))
+        tag = self._tags.get(id(node))
+        if tag is not None:
+            raise self._refusal(
+                node,
+                path,
+                f"YAML tags are not allowed (found {_short_tag(tag)!r}); write plain values "
+                "(quote one meant as text)",
+            )
         if isinstance(node, yaml.ScalarNode):
             self._check_scalar(node, path)
-        elif node.tag not in _PLAIN_TAGS:
-            raise self._tag_refusal(node, path)
         elif isinstance(node, yaml.SequenceNode):
             for index, item in enumerate(node.value):
                 self.lines[(*path, index)] = item.start_mark.line + 1
@@ -109,32 +128,26 @@ class ConfigLoader(yaml.SafeLoader):
         elif isinstance(node, yaml.MappingNode):
             self._check_mapping(node, path)
 
-    def _tag_refusal(self, node: yaml.Node, path: KeyPath) -> ConfigError:
-        return self._refusal(
-            node,
-            path,
-            f"the tag {_short_tag(node.tag)} is not allowed; a config holds only strings, "
-            "numbers, booleans, lists and mappings: drop the tag",
-        )
-
     def _check_scalar(self, node: yaml.ScalarNode, path: KeyPath) -> None:
-        plain = self.resolve(yaml.ScalarNode, node.value, (True, False))
-        if node.tag not in _PLAIN_TAGS and node.tag != plain:
-            raise self._tag_refusal(node, path)
+        """An untagged value YAML resolves to a kind no setting takes (`2026-01-01`, a
+        timestamp) or cannot construct (`0b_`, an int without digits)."""
+        kind = node.tag.removeprefix(_TAG)
         if node.tag not in _PLAIN_TAGS:
             raise self._refusal(
                 node,
                 path,
-                f"{node.value} reads as a {plain.removeprefix(_TAG)}, which no setting takes; "
+                f"{node.value} reads as a {kind}, which no setting takes; "
                 f"quote it if it is text ('{node.value}')",
             )
-        problem = f"{node.value!r} is not a valid {_short_tag(node.tag)}; drop the tag or fix it"
-        if node.tag not in (_TAG + "str", plain):
-            raise self._refusal(node, path, problem)
         try:
             self.construct_object(node)
         except ValueError:
-            raise self._refusal(node, path, problem) from None
+            raise self._refusal(
+                node,
+                path,
+                f"{node.value!r} reads as a {kind} but is not a valid one; quote it if it is "
+                f"text ('{node.value}')",
+            ) from None
 
     def _check_mapping(self, node: yaml.MappingNode, path: KeyPath) -> None:
         first_line: dict[str, int] = {}

@@ -14,6 +14,7 @@ from serving_layer.errors import BatchViewUnsettled, bad_request
 from serving_layer.merged_view import MergedView, ReadResult, SlicedResult
 from serving_layer.observability import ServingMetrics
 from serving_layer.params import (
+    DeclaredParamsDep,
     answering_plan,
     by_of,
     check_cells,
@@ -66,7 +67,7 @@ from shared.windows import point_source, window_start, window_starts
 router = APIRouter(
     prefix="/v1/metrics",
     tags=["metrics"],
-    dependencies=[ReaderDep],
+    dependencies=[ReaderDep, DeclaredParamsDep],
     responses=problems(400, 401, 404, 503),
 )
 

@@ -2,6 +2,7 @@
 parsed and type-checked once (`compile_definitions`), evaluated by each layer natively (the
 speed layer through generated Python, `pycode`; the batch layer through Spark columns)."""
 
+from shared.expressions.constants import null_fields
 from shared.expressions.definitions import Definitions, compile_definitions, split_path
 from shared.expressions.evaluate import MISSING, from_json, read_path
 from shared.expressions.parse import ExpressionError
@@ -19,6 +20,7 @@ __all__ = [
     "compile_definitions",
     "compile_node",
     "from_json",
+    "null_fields",
     "read_path",
     "split_path",
 ]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
+from shared.expressions.constants import never_true
 from shared.expressions.parse import ExpressionError, _Scope, build, parse_tree, references
 from shared.expressions.syntax import BOOLEAN, Computed, EventTime, Field, Kinds, Node
 
@@ -44,7 +45,8 @@ def compile_definitions(
     where: str | None, fields: Mapping[str, str], time_field: str | None
 ) -> Definitions:
     """The typed trees of a metric's `where` and `fields`; an `ExpressionError` (prefixed with
-    the key it is under, e.g. `fields.vis:`) when one cannot be used."""
+    the key it is under, e.g. `fields.vis:`) when one cannot be used, a ValueError when the
+    `where` is TRUE for no event (`constants.never_true`)."""
     trees: dict[str, exp.Expr] = {}
     for name, text in fields.items():
         trees[name] = _parse(f"fields.{name}", text)
@@ -62,7 +64,14 @@ def compile_definitions(
         where_node = _build("where", where, _parse("where", where), scope)
         if where_node.kinds and not where_node.kinds & BOOLEAN:
             raise ValueError(f"where: must be a condition (BOOLEAN), not {where!r}")
-    return Definitions(tuple(compiled), where_node, time_field)
+    definitions = Definitions(tuple(compiled), where_node, time_field)
+    why = never_true(definitions)
+    if why is not None:
+        raise ValueError(
+            f"where: never TRUE for any event ({why}), so the metric would count nothing; "
+            "fix or remove the filter"
+        )
+    return definitions
 
 
 def _parse(key: str, text: str) -> exp.Expr:

@@ -370,10 +370,52 @@ def test_python_tag_is_refused_before_it_runs(
     marker = tmp_path / "ran"
     content = f"kafka:\n  bootstrap_servers: !!python/object/apply:os.system ['touch {marker}']\n"
     message = file_error(monkeypatch, tmp_path, content)
-    assert message.startswith("<file>:2:22: kafka.bootstrap_servers: the tag ")
-    assert "!!python/object/apply:os.system is not allowed" in message
-    assert "drop the tag" in message
+    assert message == (
+        "<file>:2:22: kafka.bootstrap_servers: YAML tags are not allowed (found "
+        "'!!python/object/apply:os.system'); write plain values (quote one meant as text)"
+    )
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "where", "tag"),
+    [
+        ("!!python/tuple [sources, metrics]\n", "<file>:1:1: ", "!!python/tuple"),
+        ("--- !!python/object/apply:os.system ['true']\n", "<file>:1:5: ", "!!python/object/apply"),
+        ("--- !!python/name:os.system\n", "<file>:1:5: ", "!!python/name:os.system"),
+        ("!!map {batch: {schedule: hourly}}\n", "<file>:1:1: ", "!!map"),
+        ("batch:\n  schedule: !!str hourly\n", "<file>:2:13: batch.schedule: ", "!!str"),
+        ("spark:\n  conf: !custom {a: b}\n", "<file>:2:9: spark.conf: ", "!custom"),
+        ("metrics:\n  - !!python/tuple [a]\n", "<file>:2:5: metrics.0: ", "!!python/tuple"),
+        ("batch:\n  schedule: ! hourly\n", "<file>:2:13: batch.schedule: ", "'!'"),
+    ],
+    ids=[
+        "top-level-list",
+        "top-level-apply",
+        "top-level-scalar",
+        "map",
+        "str",
+        "local",
+        "item",
+        "bang",
+    ],
+)
+def test_any_yaml_tag_is_refused_where_it_is_written(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, content: str, where: str, tag: str
+) -> None:
+    """A tag on the top-level node was reported as what the file holds ("holds a list"), and
+    a tag YAML's core schema knows (`!!str`, `!!map`) was let through."""
+    message = file_error(monkeypatch, tmp_path, content)
+    assert message.startswith(where + "YAML tags are not allowed (found '")
+    assert tag in message and message.endswith("; write plain values (quote one meant as text)")
+
+
+def test_a_value_yaml_cannot_construct_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    message = file_error(monkeypatch, tmp_path, "serving:\n  port: 0x_\n")
+    assert message.startswith("<file>:2:9: serving.port: '0x_' reads as a int but is not a valid")
+    assert "quote it if it is text ('0x_')" in message
 
 
 @pytest.mark.parametrize("content", ["", "\n\n", "# only a comment\n"])
@@ -473,6 +515,78 @@ def test_a_missing_field_is_reported_at_its_mapping(
     message = file_error(monkeypatch, tmp_path, content)
     line = content.splitlines().index("  - name: views_by_page") + 1
     assert f"<file>:{line}: metrics.0.windows: Field required" in message
+
+
+SLOW_VIEWS = """  - name: views_slow
+    source: pageviews
+    key: [page, bucket]
+    value: latency_ms
+    aggregations: [count, quantiles(slowness)]
+    windows: [1m]
+"""
+
+
+@pytest.mark.parametrize(
+    ("definition", "key", "words"),
+    [
+        (
+            '    where: "latency_ms / 0 > 1"\n    fields: {bucket: "page"}\n',
+            "where",
+            "metric 'views_slow': where: never TRUE for any event ('latency_ms / 0' is always "
+            "NULL: division by zero), so the metric would count nothing; fix or remove the filter",
+        ),
+        (
+            '    where: "page = NULL OR latency_ms > 1 AND FALSE"\n    fields: {bucket: "page"}\n',
+            "where",
+            "'page = NULL' is always NULL: a comparison with NULL is NULL; test IS NULL",
+        ),
+        (
+            "    fields: {bucket: \"CASE WHEN latency_ms % 0 > 1 THEN 'slow' END\"}\n",
+            "metric",
+            "metric 'views_slow': fields.bucket is NULL for every event (\"CASE WHEN (latency_ms "
+            "% 0) > 1 THEN 'slow' ELSE NULL END\" is always NULL: no branch is ever taken), and "
+            "the metric reads it as a key dimension: every event would be skipped as key_missing",
+        ),
+        (
+            '    fields: {bucket: "page", slowness: "latency_ms + NULL"}\n',
+            "metric",
+            "fields.slowness is NULL for every event ('latency_ms + NULL' is always NULL: an "
+            "operand is NULL), and the metric reads it as the field of quantiles(slowness): "
+            "every event would be skipped as quantile_missing",
+        ),
+    ],
+    ids=["division-by-zero", "null-comparison", "null-key", "null-sketch-field"],
+)
+def test_a_definition_that_counts_nothing_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, definition: str, key: str, words: str
+) -> None:
+    """Before, each loaded without a word, and the metric counted nothing (or skipped every
+    event) for good."""
+    content = DESIGN_EXAMPLE.replace(
+        "batch:", "  " + SLOW_VIEWS.strip() + "\n" + definition + "batch:"
+    )
+    message = file_error(monkeypatch, tmp_path, content)
+    lines = content.splitlines()
+    line = lines.index("  - name: views_slow") + 1
+    if key == "where":
+        line = next(n for n, text in enumerate(lines, 1) if text.startswith("    where:"))
+    where = "metrics.1.where" if key == "where" else "metrics.1"
+    assert f"<file>:{line}: {where}: " in message
+    assert words in message
+
+
+def test_a_definition_some_event_counts_in_loads(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    definition = (
+        '    where: "latency_ms / 2 > 1 OR latency_ms / 0 > 1"\n'
+        '    fields: {bucket: "COALESCE(latency_ms / 0, 1)", slowness: "latency_ms * 0"}\n'
+    )
+    content = DESIGN_EXAMPLE.replace(
+        "batch:", "  " + SLOW_VIEWS.strip() + "\n" + definition + "batch:"
+    )
+    write_config(monkeypatch, tmp_path, content)
+    assert [m.name for m in load_settings().metrics] == ["views_by_page", "views_slow"]
 
 
 def test_an_env_override_is_named_instead_of_a_line(
