@@ -442,7 +442,7 @@ class _Copies:
     read (rows re-read to recompute cells, rule 11)."""
     later: np.ndarray
     """The positions (`_POSITION_BITS`) of every later copy."""
-    reused_ids: int
+    reused_ids: int = 0
     """`reused_ids` over the identities read."""
 
 

@@ -133,7 +133,7 @@ REPRODUCTIONS: list[tuple[str, int, list[str]]] = [
     (
         f"{M}/series?window=1h&start=%D9%A1%D9%A7%D9%A0%D9%A0&end=2026-01-02T00:00:00Z",
         400,
-        ["start='\u0661\u0667\u0660\u0660' is not a time"],
+        ["start='\u0661\u0667\u0660\u0660' holds characters other than ASCII"],
     ),
     (
         "/v1/metrics/views_total/series?window=1m&start=2026-01-01T00:00:00Z"
