@@ -150,8 +150,7 @@ class SpeedWorker:
         partition is rebuilt with empty state under the current versions, and its de-dup ids
         are dropped so the replay counts every event once). When a table its metrics join
         received a late version that changes a join the speed view counted (rule 11), the
-        cells of the metrics joining it are recomputed first (`rejoin_cells`), or, for a
-        session metric, the partition is rebuilt as for new definitions."""
+        cells of the metrics joining it are recomputed first (`rejoin_cells`)."""
         processor = self.processors[tp.topic]
         processor.forget(tp.partition)
         fence = processor.fence(tp.partition)
@@ -159,15 +158,14 @@ class SpeedWorker:
         until = self.store.rebuild_until(member)
         tables = self.rejoining.pop(tp, set()) | self.store.pending_rejoin(member)
         redefined = fence.defs not in (None, processor.defs)
-        rejoined = None if not tables else rejoined_plan(processor.plan, tables)
-        if rejoined is not None:
-            if fence.offset is not None and not redefined and rejoined.metrics:
+        if tables and not redefined:
+            rejoined = rejoined_plan(processor.plan, tables)
+            if fence.offset is not None and rejoined.metrics:
                 await self.rejoin_cells(tp, fence, rejoined)
                 fence = processor.fence(tp.partition)
-            elif not redefined:  # no cell joins the tables, or none is stored yet
+            else:  # no cell joins the tables, or none is stored yet
                 self.store.finish_rejoin(member)
-        rejoin = bool(tables) and rejoined is None
-        if fence.offset is not None and (rejoin or redefined):
+        if fence.offset is not None and redefined:
             until = max(until or 0, fence.offset + 1)
             self.store.start_rebuild({member: until})
             doomed = self.store.partition_keys(tp.topic, tp.partition, processor.metrics)
@@ -177,8 +175,7 @@ class SpeedWorker:
             self.store.finish_rejoin(member)
             self.metrics.rebuilds.inc()
             log.warning(
-                "event=rebuild_partition reason=%s topic=%s partition=%d until=%d",
-                "late_table_version" if rejoin else "metric_definitions",
+                "event=rebuild_partition reason=metric_definitions topic=%s partition=%d until=%d",
                 tp.topic,
                 tp.partition,
                 until,
@@ -295,6 +292,7 @@ class SpeedWorker:
             min(known, default=None),
             watermarks,
             self.tables.joins,
+            self.served.seeds,
         )
         self.metrics.rejoined_records.labels(tp.topic).inc(records)
         if status != APPLIED:

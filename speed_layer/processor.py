@@ -272,8 +272,7 @@ class SourceProcessor:
         if fence.offset is not None:  # else nothing was applied: nothing is held
             batch = ApplyBatch()
             for plans, run in stale:
-                held = self._store.held_keys(topic, partition, plans.metric)
-                self._reseed_keys(plans, partition, held, run, batch)
+                continue_from_seeds(plans, topic, partition, run, self._store, batch)
             status = self._store.apply(topic, partition, fence, fence, batch)
             if status != APPLIED:
                 self.forget(partition)
@@ -281,31 +280,37 @@ class SourceProcessor:
         seeded.update((plans.metric.name, run.stamp) for plans, run in stale)
         return APPLIED
 
-    def _reseed_keys(
-        self,
-        plans: SessionPlans,
-        partition: int,
-        held: Mapping[bytes, bytes],
-        run: SessionSeeds,
-        batch: ApplyBatch,
-    ) -> None:
-        """Every held key of a session metric continued from its seed in a run (`reseeded`),
-        the events of the keys that need them read in one round trip."""
-        needing = []
-        for encoded, data in held.items():
-            key_index = KeyIndex.decode(data)
-            seed = run.by_key.get(decode_key(encoded))
-            if needs_events(key_index, seed, run.watermark):
-                needing.append(
-                    (KeyWrite(plans, self.source.topic, partition, encoded), key_index, seed)
-                )
-        names = [w.events_key(s.first) for w, key_index, _ in needing for s in key_index.sessions]
-        strings = iter(self._store.read_strings(names))
-        for write, key_index, seed in needing:
-            events_of = {s.first: read_event_lines(next(strings)) for s in key_index.sessions}
-            update = reseeded(plans, key_index, events_of, seed, run.watermark)
-            if update is not None:
-                write.into(batch, update)
+
+class HeldView(ViewState, Protocol):
+    """A view a session metric's held keys are read from as well (Redis or `MemoryView`)."""
+
+    def held_keys(self, topic: str, partition: int, plan: MetricPlan) -> dict[bytes, bytes]: ...
+
+
+def continue_from_seeds(
+    plans: SessionPlans,
+    topic: str,
+    partition: int,
+    run: SessionSeeds,
+    view: HeldView,
+    batch: ApplyBatch,
+) -> None:
+    """Every held key of a session metric on a partition continued from its seed in a run
+    (`reseeded`, rule 13), written into `batch`; the events of the keys that need them read in
+    one round trip."""
+    needing = []
+    for encoded, data in view.held_keys(topic, partition, plans.metric).items():
+        key_index = KeyIndex.decode(data)
+        seed = run.by_key.get(decode_key(encoded))
+        if needs_events(key_index, seed, run.watermark):
+            needing.append((KeyWrite(plans, topic, partition, encoded), key_index, seed))
+    names = [w.events_key(s.first) for w, key_index, _ in needing for s in key_index.sessions]
+    strings = iter(view.read_strings(names))
+    for write, key_index, seed in needing:
+        events_of = {s.first: read_event_lines(next(strings)) for s in key_index.sessions}
+        update = reseeded(plans, key_index, events_of, seed, run.watermark)
+        if update is not None:
+            write.into(batch, update)
 
 
 def isolate_failures(

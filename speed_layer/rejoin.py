@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from confluent_kafka import Consumer, TopicPartition
@@ -20,10 +20,13 @@ from confluent_kafka import Consumer, TopicPartition
 from shared.config import Settings
 from shared.events import AsOf
 from shared.kafka import client_config
-from shared.speed_view import ApplyBatch, Fence, SpeedViewWriter
+from shared.metric_plan import MetricPlan
+from shared.speed_view import ApplyBatch, Fence, SpeedViewWriter, sessions_key
+from shared.speed_view.held import SessionPlans
 from shared.speed_view.keys import ids_of_key
 from speed_layer.errors import TableFeedError
-from speed_layer.processor import RawRecord, SourcePlan, decide
+from speed_layer.processor import RawRecord, SourcePlan, continue_from_seeds, decide
+from speed_layer.sessions import SessionSeeds
 
 _CHUNK = 5_000
 """Records decided at once: the speed layer's own batch size."""
@@ -61,20 +64,35 @@ class MemoryView:
         for name in batch.dropped:
             del self.strings[name]
 
+    def held_keys(self, topic: str, partition: int, plan: MetricPlan) -> dict[bytes, bytes]:
+        return dict(self.hashes.get(sessions_key(topic, partition, plan.name, plan.version), {}))
 
-def rejoined_plan(plan: SourcePlan, tables: set[str]) -> SourcePlan | None:
-    """The source's metrics that join one of `tables`, with their rollups, as a plan of their
-    own (no metrics: none joins them); None when a session metric is among them (its
-    sessions span the partition's history: the partition is rebuilt whole instead, rule 9's
-    procedure)."""
+
+def rejoined_plan(plan: SourcePlan, tables: set[str]) -> SourcePlan:
+    """The source's metrics that join one of `tables`, with their rollups and session parts,
+    as a plan of their own (no metrics: none joins them)."""
     chosen: dict[str, None] = {}
     for metric in plan.metrics:
+        part = metric.rollup or metric.session_part
         joins = any(lookup.table.name in tables for lookup in metric.lookups)
-        if joins or (metric.rollup is not None and metric.rollup.parent in chosen):
-            if metric.sessions is not None or metric.session_part is not None:
-                return None
+        if joins or (part is not None and part.parent in chosen):
             chosen[metric.name] = None
     return replace(plan, metrics=tuple(m for m in plan.metrics if m.name in chosen))
+
+
+def accepting_from_w(
+    plan: SourcePlan, watermarks: Mapping[str, int | None]
+) -> dict[str, int | None]:
+    """The W each metric is recomputed under: its own, but a session metric's (and its
+    parts') moved back by `max_duration`, so the recomputation holds every event from W on
+    that the grace has not passed (rule 13's lateness keeps `max_duration` after W); the
+    run's seeds then cut them as the first pass's continuation did."""
+    moved = dict(watermarks)
+    for metric in plan.metrics:
+        w = watermarks.get(metric.name)
+        if metric.sessions is not None and w is not None:
+            moved[metric.name] = w - metric.sessions.rule.max_duration_ms
+    return moved
 
 
 class Recomputation:
@@ -83,7 +101,13 @@ class Recomputation:
     events from there on hold every copy of every event at or after W (copies share their
     time, rule 4), and lateness is judged as it was the first time (rule 9's argument).
     De-dup sets of buckets late for every metric are dropped as the read goes, so memory
-    holds the cells and a few minutes of identities."""
+    holds the cells and a few minutes of identities.
+
+    A session metric's sessions from W on are rebuilt from its events there and continued
+    from the served run's seeds (`finish`), as the first pass was after that run (rule 13):
+    its events from W on are judged under `accepting_from_w`, so one the first pass dropped
+    as too close to the W of its day (before that W plus `max_duration`) counts now, as the
+    next run counts it."""
 
     def __init__(
         self,
@@ -93,14 +117,11 @@ class Recomputation:
         tables: Mapping[str, AsOf],
     ) -> None:
         self.plan, self.partition = plan, partition
-        self.watermarks, self.tables = watermarks, tables
+        self.watermarks, self.tables = accepting_from_w(plan, watermarks), tables
         self.view = MemoryView()
         self.records = 0
         """How many records were read again."""
         self._fence = Fence(None, None)
-        self._judged = [
-            (m.base_window_ms, m.grace_ms, watermarks.get(m.name)) for m in plan.metrics
-        ]
 
     def add(self, chunk: Sequence[RawRecord]) -> None:
         plan, view = self.plan, self.view
@@ -118,19 +139,33 @@ class Recomputation:
         for key in closed:
             del view.sets[key]
 
+    def finish(self, seeds: Mapping[str, SessionSeeds]) -> None:
+        """Continue each session metric from the served run's seeds (`continue_from_seeds`)."""
+        topic = self.plan.source.topic
+        for metric in self.plan.metrics:
+            run = seeds.get(metric.name)
+            if run is None or metric.sessions is None or metric.session_part is not None:
+                continue
+            batch = ApplyBatch()
+            plans = SessionPlans.of(metric, self.plan.metrics)
+            continue_from_seeds(plans, topic, self.partition, run, self.view, batch)
+            self.view.write(batch)
+
 
 def replacement(
     recomputed: MemoryView,
     stored: Mapping[str, tuple[int, set[bytes]]],
     watermarks: Mapping[str, int],
+    stored_strings: Iterable[str] = (),
 ) -> ApplyBatch:
-    """The apply that puts the recomputed sub-cells in place of `stored` (key -> (cell
-    start, fields)) for the cells from W on: stored fields the recomputation lacks are
-    removed, stored keys it lacks are dropped. Cells ending before W stay for the readers
-    that still hold the previous W (rule 8) until cleanup takes them. `watermarks`: per
-    stored key, the W of its metric (keys of a metric without W all count)."""
+    """The apply that puts the recomputed hashes in place of `stored` (key -> (cell start,
+    fields)) for the cells from W on, and the recomputed strings (sessions' events) in place
+    of `stored_strings`: stored fields the recomputation lacks are removed, stored keys it
+    lacks are dropped. Cells ending before W stay for the readers that still hold the
+    previous W (rule 8) until cleanup takes them. `watermarks`: per stored cell, the W of its
+    metric (a key without one, such as a session index, is replaced whole)."""
     cells = {key: fields for key, fields in recomputed.hashes.items() if fields}
-    batch = ApplyBatch(cells=cells)
+    batch = ApplyBatch(cells=cells, strings=dict(recomputed.strings))
     for key, (start, fields) in stored.items():
         w = watermarks.get(key)
         if w is not None and start < w:
@@ -139,6 +174,7 @@ def replacement(
             batch.dropped.append(key)
         elif stale := sorted(fields - cells[key].keys()):
             batch.deleted[key] = stale
+    batch.dropped += sorted(set(stored_strings) - recomputed.strings.keys())
     return batch
 
 
@@ -196,11 +232,13 @@ async def rejoin_partition(
     since: int | None,
     watermarks: Mapping[str, int | None],
     tables: Mapping[str, AsOf],
+    seeds: Mapping[str, SessionSeeds],
 ) -> tuple[int, int]:
     """Recompute `plan`'s sub-cells of the partition from offset `start` (its `rebuild_from`,
     the first event at or after `since`, the smallest W of the source's metrics) through its
     fence while the stored ones stay served, then swap them in with one fenced apply (a
-    metric without a W of its own has its cells replaced from `since` on). The read runs in
+    metric without a W of its own has its cells replaced from `since` on; a session metric's
+    held sessions are replaced whole, continued from `seeds`). The read runs in
     a thread a chunk at a time and the decisions between awaits, so the worker keeps its group
     membership however long it takes. Returns (the apply's status, the records read again)."""
     topic = plan.source.topic
@@ -210,13 +248,19 @@ async def rejoin_partition(
     chunks = read_range(settings, topic, partition, start, fence.offset)
     while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
         work.add(chunk)
+    work.finish(seeds)
     stored: dict[str, tuple[int, set[bytes]]] = {}
     served_w: dict[str, int] = {}
+    strings: list[str] = []
     for metric in plan.metrics:
         cells = store.cell_fields(topic, partition, metric)
         stored.update(cells)
         w = watermarks.get(metric.name)
         w = since if w is None else w
         served_w.update({} if w is None else dict.fromkeys(cells, w))
-    batch = replacement(work.view, stored, served_w)
+        if metric.sessions is not None and metric.session_part is None:
+            index = sessions_key(topic, partition, metric.name, metric.version)
+            stored[index] = (0, set(store.held_keys(topic, partition, metric)))
+            strings += store.session_strings(topic, partition, metric)
+    batch = replacement(work.view, stored, served_w, strings)
     return store.apply(topic, partition, fence, fence, batch), work.records

@@ -232,10 +232,12 @@ class SpeedViewWriter:
             keys += self._scan(cell_pattern(topic, plan.name, plan.version, partition))
             if plan.sessions is not None and plan.session_part is None:
                 keys.append(sessions_key(topic, partition, plan.name, plan.version))
-                keys += self._scan(
-                    session_events_pattern(topic, partition, plan.name, plan.version)
-                )
+                keys += self.session_strings(topic, partition, plan)
         return keys
+
+    def session_strings(self, topic: str, partition: int, plan: MetricPlan) -> list[str]:
+        """The strings of a session metric version's held sessions on one partition."""
+        return self._scan(session_events_pattern(topic, partition, plan.name, plan.version))
 
     def sub_cells(self, plan: MetricPlan) -> list[tuple[str, int, int]]:
         """(key, start_ms, partition) of every sub-cell of a metric version."""

@@ -9,7 +9,7 @@ from typing import Any
 
 from shared.config import Settings
 from speed_layer.processor import SourcePlan
-from speed_layer.rejoin import MemoryView, rejoined_plan, replacement
+from speed_layer.rejoin import MemoryView, accepting_from_w, rejoined_plan, replacement
 from tests.batch.helpers import LOOKUP_METRICS, pages_table
 from tests.conftest import platform_config
 from tests.speed.support import USER_SESSIONS
@@ -29,20 +29,36 @@ def _plan(*extra: dict[str, Any], rollups: bool = False) -> SourcePlan:
 
 def test_only_the_metrics_joining_the_table_and_their_rollups_are_recomputed() -> None:
     plan = rejoined_plan(_plan(rollups=True), {"pages"})
-    assert plan is not None
     assert [m.name for m in plan.metrics] == [
         "views_by_section",
         "views_by_section[section]",
         "views_by_owner",
     ]
-    nothing = rejoined_plan(_plan(), {"another"})
-    assert nothing is not None and nothing.metrics == ()
+    assert rejoined_plan(_plan(), {"another"}).metrics == ()
 
 
-def test_a_session_metric_joining_the_table_rebuilds_the_partition_instead() -> None:
+def test_a_session_metric_joining_the_table_is_recomputed_with_its_parts() -> None:
     sessions = {**USER_SESSIONS, "lookups": [{"table": "pages", "on": "page", "as": "p"}]}
-    assert rejoined_plan(_plan(sessions), {"pages"}) is None
-    assert rejoined_plan(_plan(USER_SESSIONS), {"pages"}) is not None  # joins nothing
+    plan = rejoined_plan(_plan(sessions), {"pages"})
+    assert [m.name for m in plan.metrics] == [
+        "views_by_section",
+        "views_by_owner",
+        "user_sessions",
+        "user_sessions(sessions)",
+        "user_sessions(bounces)",
+    ]
+    assert "user_sessions" not in {
+        m.name for m in rejoined_plan(_plan(USER_SESSIONS), {"pages"}).metrics
+    }
+
+
+def test_a_session_metric_is_recomputed_under_a_w_moved_back_by_its_max_duration() -> None:
+    sessions = {**USER_SESSIONS, "lookups": [{"table": "pages", "on": "page", "as": "p"}]}
+    plan = rejoined_plan(_plan(sessions), {"pages"})
+    moved = accepting_from_w(plan, dict.fromkeys((m.name for m in plan.metrics), 600_000))
+    max_ms = plan.metrics[2].sessions.rule.max_duration_ms  # type: ignore[union-attr]
+    assert moved["views_by_owner"] == 600_000
+    assert moved["user_sessions"] == moved["user_sessions(bounces)"] == 600_000 - max_ms
 
 
 def test_the_replacement_swaps_cells_from_w_on_and_keeps_the_older_ones() -> None:

@@ -7,7 +7,7 @@ them or dropped; and the continuation is applied once per run, in the fenced app
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import pytest
@@ -19,11 +19,13 @@ from shared.speed_view import (
     APPLIED,
     SpeedViewWriter,
     SyncRedis,
+    cell_key,
     session_events_key,
     sessions_key,
 )
 from shared.speed_view.held import KeyIndex, read_event_lines
 from speed_layer.processor import RawRecord, SourceProcessor
+from speed_layer.rejoin import Recomputation, replacement
 from speed_layer.sessions import SessionSeeds
 from tests import oracle
 from tests.conftest import platform_config
@@ -88,16 +90,25 @@ def _records() -> tuple[list[RawRecord], list[RawRecord], int]:
     return records[: len(sample)], records[len(sample) :], T0 + 27 * MINUTE
 
 
-def test_the_speed_view_continues_a_runs_sessions_exactly(client: SyncRedis) -> None:
+class FirstPass(NamedTuple):
+    """The records of `_records` applied as the worker applies them: the snapshot, then the
+    run's seeds and the events after it."""
+
+    config: dict[str, Any]
+    settings: Settings
+    processor: SourceProcessor
+    records: list[RawRecord]
+    seeds: dict[str, SessionSeeds]
+    w: int
+
+
+def _first_pass(client: SyncRedis) -> FirstPass:
     config = _config()
     settings = Settings(**config)
     plan = settings.plan(METRIC)
     assert plan is not None and plan.sessions is not None
     snapshot, after, w = _records()
-    as_oracle = [
-        oracle.Record("pv-sess", 0, r.offset, r.timestamp, r.value) for r in [*snapshot, *after]
-    ]
-
+    as_oracle = [oracle.Record("pv-sess", 0, r.offset, r.timestamp, r.value) for r in snapshot]
     store = SpeedViewWriter(client, 86_400)
     processor = SourceProcessor(settings, settings.sources[0], store, lambda *_: None)  # type: ignore[arg-type]
     late = 0
@@ -107,7 +118,7 @@ def test_the_speed_view_continues_a_runs_sessions_exactly(client: SyncRedis) -> 
         late += len(outcome.late)
     assert late > 1, "the speed layer dropped the bridging event and the sample's late ones"
 
-    run = oracle.compute(config, as_oracle[: len(snapshot)])
+    run = oracle.compute(config, as_oracle)
     assert plan.sessions.watermark(None, [run.stream_time[("pv-sess", 0)]], plan.grace_ms) == w
     seeds = {METRIC: _seeds(run.cells, "run-1", w)}
     assert seeds[METRIC].by_key[("bridge",)] == Session(T0 + 26 * MINUTE, T0 + 28 * MINUTE, 3)
@@ -115,19 +126,33 @@ def test_the_speed_view_continues_a_runs_sessions_exactly(client: SyncRedis) -> 
     for i in range(0, len(after), 100):
         outcome = processor.process(0, after[i : i + 100], watermarks, seeds=seeds)
         assert outcome.status == APPLIED and not outcome.late
+    return FirstPass(config, settings, processor, [*snapshot, *after], seeds, w)
 
+
+def _speed_view_is_the_oracles(first: FirstPass, client: SyncRedis) -> None:
+    """The speed view's base buckets from W on are the oracle's over every event."""
+    as_oracle = [oracle.Record("pv-sess", 0, r.offset, r.timestamp, r.value) for r in first.records]
+    everything = oracle.compute_cells(first.config, as_oracle)
+    base = {c: v for c, v in everything.items() if c[1] == MINUTE and c[2] >= first.w}
+    speed = speed_view_cells(first.settings, client)
+    speed = {c: v for c, v in speed.items() if c[1] == MINUTE and c[2] >= first.w}
+    assert oracle.compare(base, speed) == []
+
+
+def test_the_speed_view_continues_a_runs_sessions_exactly(client: SyncRedis) -> None:
+    first = _first_pass(client)
+    config, settings, processor, w = first.config, first.settings, first.processor, first.w
+    plan = settings.plan(METRIC)
+    assert plan is not None
+    seeds = first.seeds
+    snapshot_end = next(i for i, r in enumerate(first.records) if r.value == _bridge(16)) + 1
+    as_oracle = [oracle.Record("pv-sess", 0, r.offset, r.timestamp, r.value) for r in first.records]
+    run = oracle.compute(config, as_oracle[:snapshot_end])
     everything = oracle.compute_cells(config, as_oracle)
     base = {c: v for c, v in everything.items() if c[1] == MINUTE}
     batch = {c: v for c, v in run.cells.items() if c[1] == MINUTE and c[2] < w}
-    speed = {c: v for c, v in speed_view_cells(settings, client).items() if c[1] == MINUTE}
     assert oracle.compare({c: v for c, v in base.items() if c[2] < w}, batch) == []
-    assert (
-        oracle.compare(
-            {c: v for c, v in base.items() if c[2] >= w},
-            {c: v for c, v in speed.items() if c[2] >= w},
-        )
-        == []
-    )
+    _speed_view_is_the_oracles(first, client)
 
     # Once per run: a second call finds nothing to do; what is held is from W on, each
     # session's string holding exactly its events.
@@ -143,3 +168,53 @@ def test_the_speed_view_continues_a_runs_sessions_exactly(client: SyncRedis) -> 
             assert (times[0], times[-1], len(times)) == session.session
             strings += 1
     assert len(list(client.scan_iter("lp:sevents:*"))) == strings, "no string outlives its session"
+
+
+def test_a_session_metric_joined_anew_keeps_its_sessions_and_continuation(
+    client: SyncRedis,
+) -> None:
+    """A late table version recomputes a session metric in memory from the partition's
+    records and the run's seeds, then swaps it in (rule 11, `speed_layer.rejoin`): the
+    speed view is again the oracle's, and what the store held that the recomputation lacks
+    (a session string, an index field, a bucket's field) is gone."""
+    first = _first_pass(client)
+    settings, w = first.settings, first.w
+    plan = settings.plan(METRIC)
+    assert plan is not None
+    store = SpeedViewWriter(client, 86_400)
+    held = _sessions(store.held_keys("pv-sess", 0, plan))
+    ghost_string = session_events_key("pv-sess", 0, plan.name, plan.version, b"ghost", w)
+    client.set(ghost_string, b"")
+    index = sessions_key("pv-sess", 0, plan.name, plan.version)
+    client.hset(index, b"ghost", next(iter(store.held_keys("pv-sess", 0, plan).values())))
+    ghost_cell = cell_key("pv-sess", 0, plan.name, plan.version, w + 30 * 24 * 60 * MINUTE)
+    client.hset(ghost_cell, b"ghost", b"")
+
+    source_plan = first.processor.plan  # as `rejoined_plan` chooses it had the metric a lookup
+    watermarks = {name: w for name in settings.plans}
+    work = Recomputation(source_plan, 0, watermarks, {})
+    for i in range(0, len(first.records), 500):
+        work.add(first.records[i : i + 500])
+    work.finish(first.seeds)
+    stored = dict(store.cell_fields("pv-sess", 0, plan))
+    served_w = dict.fromkeys(stored, w)
+    stored[index] = (0, set(store.held_keys("pv-sess", 0, plan)))
+    for part in source_plan.metrics[1:]:
+        cells = store.cell_fields("pv-sess", 0, part)
+        stored.update(cells)
+        served_w.update(dict.fromkeys(cells, w))
+    batch = replacement(work.view, stored, served_w, store.session_strings("pv-sess", 0, plan))
+    fence = store.read_fence("pv-sess", 0)
+    assert store.apply("pv-sess", 0, fence, fence, batch) == APPLIED
+
+    assert _sessions(store.held_keys("pv-sess", 0, plan)) == held
+    assert client.get(ghost_string) is None and not client.exists(ghost_cell)
+    _speed_view_is_the_oracles(first, client)
+    assert first.processor.reseed(0, first.seeds) == APPLIED  # nothing left to continue
+    assert _sessions(store.held_keys("pv-sess", 0, plan)) == held
+
+
+def _sessions(held: dict[bytes, bytes]) -> dict[bytes, tuple[Session, ...]]:
+    """Each held key's sessions (its index also names the seed it continued from: a key the
+    first pass met only after the run's continuation holds none, the recomputation's does)."""
+    return {k: tuple(s.session for s in KeyIndex.decode(v).sessions) for k, v in held.items()}
