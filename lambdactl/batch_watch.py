@@ -90,6 +90,7 @@ def outcome(record: RunRecord) -> Text:
     return Text(
         f"run {record.id} succeeded ({record.executed_mode or record.mode}): "
         f"{record.rows_in} records in, {record.rows_out} cells out, {record.malformed} "
-        f"malformed, skipped {record.skipped or {}}; W {_marks(record.w_before) or 'none'} -> "
-        f"{_marks(record.w_after) or 'none'}"
+        f"malformed, skipped {record.skipped or {}}"
+        f"{f', {record.reused_ids} ids reused at another time' if record.reused_ids else ''}; "
+        f"W {_marks(record.w_before) or 'none'} -> {_marks(record.w_after) or 'none'}"
     )

@@ -236,6 +236,10 @@ class Run(BaseModel):
     )
     attempt: int = 1
     timings: dict[str, float] | None = Field(default=None, description="seconds per phase")
+    reused_ids: int | None = Field(
+        default=None,
+        description="ids read at more than one event time: each is another event (rule 4)",
+    )
 
 
 class RunQueued(Run):

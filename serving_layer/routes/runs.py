@@ -79,6 +79,7 @@ def run_out(record: RunRecord) -> Run:
         executed_mode=getattr(record, "executed_mode", None),
         attempt=getattr(record, "attempt", 1),
         timings=getattr(record, "timings", None),
+        reused_ids=getattr(record, "reused_ids", None),
     )
 
 

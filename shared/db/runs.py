@@ -98,6 +98,8 @@ class RunRecord:
     served yet or the served cells were computed with other metric versions (rule 7)."""
     timings: dict[str, float] | None = None
     """Seconds per phase (snapshot, read, aggregate, publish, total)."""
+    reused_ids: int | None = None
+    """Ids the run read at more than one event time: each such copy is another event (rule 4)."""
 
     @property
     def request(self) -> RunRequest:

@@ -127,7 +127,11 @@ def test_lookups_across_workers_a_kill_a_late_version_and_a_run(
     assert "event=tables_read" not in log.read_text()
     workers = [start_worker(world, log), start_worker(world, log)]
     try:
-        produce(bootstrap, settings.sources[0].topic, generate(GeneratorSpec(start, mid, 1500, keyed_by_user=True)))
+        produce(
+            bootstrap,
+            settings.sources[0].topic,
+            generate(GeneratorSpec(start, mid, 1500, keyed_by_user=True)),
+        )
         produce_raw(settings, integer_pages(mid))
         # Versions valid from `mid` are in the table before the events after `mid` arrive.
         spec = GeneratorSpec(mid, end, 1500, seed=8, keyed_by_user=True)

@@ -75,3 +75,11 @@ def test_a_failed_run_prints_its_error_whole(monkeypatch: pytest.MonkeyPatch) ->
     succeeded, line = watched(monkeypatch, record(status="failed", error=error))
     assert not succeeded
     assert line == f"run 7 failed: {error}"
+
+
+def test_a_run_that_read_reused_ids_says_how_many(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, line = watched(monkeypatch, record(reused_ids=2, skipped={}))
+    assert line.startswith(
+        "run 7 succeeded (full): 10 records in, 4 cells out, 0 malformed, skipped {}, "
+        "2 ids reused at another time; W none -> "
+    )
