@@ -22,9 +22,9 @@ when it is a constant other than TRUE, an AND with such a part, or an OR of two.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from shared.expressions.pycode import compile_node
 from shared.expressions.syntax import (
@@ -50,8 +50,19 @@ from shared.expressions.syntax import (
     children,
 )
 
-if TYPE_CHECKING:
-    from shared.expressions.definitions import Definitions
+
+class MetricExpressions(Protocol):
+    """What is folded of a metric's expressions (`definitions.Definitions` is one): its
+    computed fields in evaluation order, its `where` and the time field."""
+
+    @property
+    def fields(self) -> Sequence[tuple[str, Node]]: ...
+
+    @property
+    def where(self) -> Node | None: ...
+
+    @property
+    def time_field(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -68,7 +79,7 @@ _BY_ZERO = {ArithOp.DIV: "division by zero", ArithOp.MOD: "remainder by zero"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def never_true(definitions: Definitions) -> str | None:
+def never_true(definitions: MetricExpressions) -> str | None:
     """Why the `where` of `definitions` is TRUE for no event (None: it may be TRUE for some,
     or there is none)."""
     if definitions.where is None:
@@ -76,12 +87,12 @@ def never_true(definitions: Definitions) -> str | None:
     return _Folder(definitions, _constant_fields(definitions)).never_true(definitions.where)
 
 
-def null_fields(definitions: Definitions) -> dict[str, str]:
+def null_fields(definitions: MetricExpressions) -> dict[str, str]:
     """The computed fields that are NULL for every event, each with why."""
     return {n: c.why for n, c in _constant_fields(definitions).items() if c.value is None}
 
 
-def _constant_fields(definitions: Definitions) -> dict[str, Constant]:
+def _constant_fields(definitions: MetricExpressions) -> dict[str, Constant]:
     """The computed fields that are constant (in evaluation order: each may read earlier
     ones)."""
     known: dict[str, Constant] = {}
@@ -96,7 +107,7 @@ def _constant_fields(definitions: Definitions) -> dict[str, Constant]:
 class _Folder:
     """Folds the nodes of one metric's expressions, given its constant computed fields."""
 
-    def __init__(self, definitions: Definitions, fields: Mapping[str, Constant]) -> None:
+    def __init__(self, definitions: MetricExpressions, fields: Mapping[str, Constant]) -> None:
         self.time_field = definitions.time_field or ""
         self.fields = fields
 
