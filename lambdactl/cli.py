@@ -248,8 +248,10 @@ def load_table(
 
 @app.command()
 def demo(
-    history: Annotated[int, typer.Option(help="events of history to produce first")] = 30_000,
-    rate: Annotated[int, typer.Option(help="live events per second")] = 50,
+    history: Annotated[
+        int, typer.Option(help="events of history to produce first, at --rate (3 h by default)")
+    ] = 32_400,
+    rate: Annotated[int, typer.Option(help="events per second, live and in the history")] = 3,
     batch_every: Annotated[float, typer.Option(help="seconds between batch runs")] = 300.0,
     duration: Annotated[float | None, typer.Option(help="stop after N seconds")] = None,
 ) -> None:

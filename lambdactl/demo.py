@@ -5,6 +5,7 @@ then the demo stops loudly rather than go on saying the platform runs."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -36,10 +37,69 @@ TABLE_CHANGE_AFTER_S = 60.0
 
 @dataclass(frozen=True)
 class DemoOptions:
-    history_events: int = 30_000
-    live_rate_per_s: int = 50
+    history_events: int = 32_400
+    """Produced first, at the live rate, ending when the demo starts: 32,400 at 3 a second
+    are the last 3 hours."""
+    live_rate_per_s: float = 3
+    """Events a second, live and in the history alike: the charts keep one level across W
+    (a history 17 times sparser than the live stream, as before #50, read as a fault)."""
     batch_every_s: float = 300.0
     duration_s: float | None = None
+
+
+HISTORY_MALFORMED = 0.005
+"""The history's malformed records (part of its events, so of its rate)."""
+
+
+@dataclass
+class Pace:
+    """One stream of sample events at `rate_per_s` from `origin_ms` on, evenly spaced in
+    production order (nominal times `origin + i / rate`; the generator adds disorder, late
+    events and copies on top): `due` gives the ones not yet given whose nominal time is
+    before `until_ms`, however unevenly it is called. The history is the pace's first
+    `history_events` counted back from the demo's start; the live stream is the same pace
+    from there on, its first call also covering the time the first batch run took."""
+
+    origin_ms: int
+    rate_per_s: float
+    given: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.rate_per_s > 0:
+            raise LambdaError(f"the demo's event rate must be positive, not {self.rate_per_s}")
+
+    def at(self, index: int) -> int:
+        """Nominal time of the event `index` (negative: the history, before the origin)."""
+        return self.origin_ms + round(index * 1000 / self.rate_per_s)
+
+    def history(self, events: int, seed: int, keyed_by_user: bool) -> GeneratorSpec:
+        """The `events` before the origin, at the same rate."""
+        return GeneratorSpec(
+            self.at(-events),
+            self.origin_ms,
+            events,
+            malformed_fraction=HISTORY_MALFORMED,
+            seed=seed,
+            keyed_by_user=keyed_by_user,
+        )
+
+    def due(self, until_ms: int, seed: int, keyed_by_user: bool) -> GeneratorSpec | None:
+        """The live events from the last call's up to `until_ms` (None: none is due yet)."""
+        upto = max(self.given, math.ceil((until_ms - self.origin_ms) * self.rate_per_s / 1000))
+        while upto > self.given and self.at(upto - 1) >= until_ms:  # rounding in `at`
+            upto -= 1
+        if upto == self.given:
+            return None
+        spec = GeneratorSpec(
+            self.at(self.given),
+            self.at(upto),
+            upto - self.given,
+            disorder_ms=5_000,
+            seed=seed,
+            keyed_by_user=keyed_by_user,
+        )
+        self.given = upto
+        return spec
 
 
 @dataclass
@@ -195,6 +255,15 @@ def _load_tables(settings: Settings, console: Console) -> Callable[[Console], No
     return move_page
 
 
+def _minutes(ms: int) -> str:
+    """`3 h`, `2 h 47 min`, `10 min`."""
+    hours, minutes = divmod(round(ms / MINUTE), 60)
+    parts = [f"{hours} h"] if hours else []
+    if minutes or not hours:
+        parts.append(f"{minutes} min")
+    return " ".join(parts)
+
+
 def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None:
     from lambdactl.batch_watch import watch_run
     from shared.db.connect import connect
@@ -205,21 +274,14 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
     bootstrap = settings.kafka.bootstrap_servers
     now = int(time.time() * 1000)
     change = _load_tables(settings, console)
-    console.print(f"producing {options.history_events} events of history (last 3 h)...")
-    produce(
-        bootstrap,
-        source.topic,
-        generate(
-            GeneratorSpec(
-                now - 180 * MINUTE,
-                now - 5 * MINUTE,
-                options.history_events,
-                malformed_fraction=0.005,
-                seed=now % 1000,
-                keyed_by_user=by_user,
-            )
-        ),
+    pace = Pace(now, options.live_rate_per_s)
+    history = pace.history(options.history_events, now % 1000, by_user)
+    console.print(
+        f"producing {options.history_events} events of history (the last "
+        f"{_minutes(now - history.start_ms)}, {options.live_rate_per_s:g} a second as the "
+        "live events)..."
     )
+    produce(bootstrap, source.topic, generate(history))
     base = f"http://{settings.serving.host}:{settings.serving.port}"
     logs = settings.stack.data_dir / "logs"
     with Children(console) as children:
@@ -238,8 +300,9 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
             f"  sample:    curl '{base}/v1/metrics/{metric.name}/series?window=1m"
             f"&start={format_time(hour_ago)}&end={format_time(hour_ago + 120 * MINUTE)}{key}'\n"
             f"  logs:      {logs}\n"
-            "Live events flow now; an incremental batch run is queued every "
-            f"{options.batch_every_s:.0f} s. Ctrl-C stops the demo (the stack keeps running).\n",
+            f"Live events flow now, {options.live_rate_per_s:g} a second (as the history); an "
+            f"incremental batch run is queued every {options.batch_every_s:.0f} s. Ctrl-C "
+            "stops the demo (the stack keeps running).\n",
             soft_wrap=True,
         )
         started = last_batch = time.monotonic()
@@ -248,20 +311,9 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
             children.check()
             tick = int(time.time() * 1000)
             sequence += 1
-            produce(
-                bootstrap,
-                source.topic,
-                generate(
-                    GeneratorSpec(
-                        tick - 1000,
-                        tick,
-                        options.live_rate_per_s,
-                        disorder_ms=5_000,
-                        seed=sequence * 7919 + now % 1000,
-                        keyed_by_user=by_user,
-                    )
-                ),
-            )
+            live = pace.due(tick, sequence * 7919 + now % 1000, by_user)
+            if live is not None:
+                produce(bootstrap, source.topic, generate(live))
             if change is not None and time.monotonic() - started >= TABLE_CHANGE_AFTER_S:
                 change(console)
                 change = None

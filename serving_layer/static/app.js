@@ -59,6 +59,45 @@ function fmt(v) {
   return Number.isInteger(v) ? String(v) : v.toFixed(2);
 }
 
+// A "nice" tick step for about `count` intervals over [lo, hi]: 1, 2 or 5 times a power of
+// ten, as d3's `ticks` chooses it.
+function tickStep(lo, hi, count) {
+  const raw = (hi - lo) / count;
+  const power = Math.pow(10, Math.floor(Math.log10(raw)));
+  const error = raw / power;
+  const factor = error >= Math.sqrt(50) ? 10 : error >= Math.sqrt(10) ? 5 : error >= Math.sqrt(2) ? 2 : 1;
+  return factor * power;
+}
+
+// The y axis: [lo, hi] widened to whole multiples of a nice step (d3's `nice`), and its ticks,
+// every multiple of the step from lo to hi (computed as k / (1 / step) for steps below 1, so
+// 0.1 * 3 reads 0.3).
+function niceTicks(lo, hi, count) {
+  if (!(hi > lo)) hi = lo + 1;
+  let step = tickStep(lo, hi, count);
+  const at = (k) => (step < 1 ? k / Math.round(1 / step) : k * step);
+  const first = () => Math.floor(lo / step + 1e-9), last = () => Math.ceil(hi / step - 1e-9);
+  for (let i = 0; i < 10; i++) {  // the widened domain may call for a larger step (d3 too)
+    const next = tickStep(at(first()), at(last()), count);
+    if (next === step) break;
+    step = next;
+  }
+  const k0 = first(), k1 = last();
+  const ticks = [];
+  for (let k = k0; k <= k1; k++) ticks.push(at(k));
+  return { lo: at(k0), hi: at(k1), step, ticks };
+}
+
+// A tick's label: a whole number without decimals, another with as many as the step needs;
+// in thousands (k) or millions (M) on an axis reaching 10,000 or 1,000,000 (`top`), as `fmt`
+// writes values.
+function tickLabel(v, step, top) {
+  const [scale, suffix] = top >= 1e6 ? [1e6, "M"] : top >= 1e4 ? [1e3, "k"] : [1, ""];
+  const decimals = Math.max(0, -Math.floor(Math.log10(step / scale) + 1e-9));
+  const text = (v / scale).toFixed(decimals);
+  return (Number.isInteger(Number(text)) ? String(Number(text)) : text) + (v ? suffix : "");
+}
+
 // Text placed inside HTML markup (a run's error, an API message) as text, never as markup.
 function esc(text) {
   return String(text).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
@@ -389,6 +428,12 @@ function drawEmpty(text, isError) {
   $("series-legend").innerHTML = "";
 }
 
+// A drawn SVG text's width, or an estimate (`perChar` px a character) while the chart is not
+// laid out (a hidden page measures 0).
+function textWidth(text, perChar) {
+  return text.getComputedTextLength() || text.textContent.length * perChar;
+}
+
 function el(name, attrs, parent) {
   const node = document.createElementNS(SVG, name);
   Object.entries(attrs).forEach(([k, v]) => node.setAttribute(k, v));
@@ -446,23 +491,26 @@ function drawChart() {
   const grad = el("linearGradient", { id: "fill", x1: 0, y1: 0, x2: 0, y2: 1 }, defs);
   el("stop", { offset: "0%", "stop-color": COLORS.batch, "stop-opacity": 0.35 }, grad);
   el("stop", { offset: "100%", "stop-color": COLORS.batch, "stop-opacity": 0.02 }, grad);
-  const maxV = Math.max(1e-9, ...all.map((p) => p.v));
-  const minV = Math.min(0, ...all.map((p) => p.v));
+  const yAxis = niceTicks(Math.min(0, ...all.map((p) => p.v)), Math.max(0, ...all.map((p) => p.v)), 5);
+  const minV = yAxis.lo, maxV = yAxis.hi;
   // Windows aligned to a time zone, or hopping ones, may end after the range's end.
   const t0 = Math.min(start, ...all.map((p) => p.t));
   const t1 = Math.max(end, ...all.map((p) => p.tEnd));
   const x = (t) => pad.l + ((t - t0) / (t1 - t0)) * (width - pad.l - pad.r);
   const y = (v) => pad.t + (1 - (v - minV) / (maxV - minV)) * (height - pad.t - pad.b);
   const axis = el("g", { class: "axis" }, svg);
-  for (let i = 0; i <= 4; i++) {
-    const v = minV + ((maxV - minV) * i) / 4;
+  yAxis.ticks.forEach((v) => {
     el("line", { x1: pad.l, x2: width - pad.r, y1: y(v), y2: y(v), class: "grid-line" }, axis);
-    el("text", { x: pad.l - 8, y: y(v) + 4, "text-anchor": "end" }, axis).textContent = fmt(v);
-  }
+    el("text", { x: pad.l - 8, y: y(v) + 4, "text-anchor": "end", class: "y-tick" }, axis)
+      .textContent = tickLabel(v, yAxis.step, Math.max(-minV, maxV));
+  });
   for (let i = 0; i <= 6; i++) {
     const t = t0 + ((t1 - t0) * i) / 6;
-    el("text", { x: x(t), y: height - 8, "text-anchor": "middle" }, axis).textContent =
-      shortTime(t, t1 - t0);
+    const label = el("text", { x: x(t), y: height - 8, "text-anchor": "middle", class: "x-tick" }, axis);
+    label.textContent = shortTime(t, t1 - t0);
+    // Centred on its time, but never past the SVG's right edge (a long "MM-DD HH:MM" at t1).
+    const half = textWidth(label, 6.5) / 2;
+    if (x(t) + half > width - 1) label.setAttribute("x", width - 1 - half);
   }
   const mid = (p) => x((p.t + p.tEnd) / 2);
   const dot = (p, fill, r, parent, name) => {
@@ -507,8 +555,13 @@ function drawChart() {
     const g = el("g", { id: "w-marker", "data-w": body.batch_watermark }, svg);
     el("line", { x1: wx, x2: wx, y1: pad.t, y2: height - pad.b, stroke: "#ff5d7a",
       "stroke-width": 2, "stroke-dasharray": "6 4" }, g);
-    el("text", { x: wx + 6, y: pad.t + 12, fill: "#ff5d7a", "font-size": 12 }, g).textContent =
-      (inside ? "W " : w < t0 ? "◂ W " : "W ▸ ") + shortTime(w, 0);
+    const label = el("text", { x: wx + 6, y: pad.t + 12, fill: "#ff5d7a", "font-size": 12 }, g);
+    label.textContent = (inside ? "W " : w < t0 ? "◂ W " : "W ▸ ") + shortTime(w, 0);
+    // Right of the line, or left of it when it would run past the plot's right edge.
+    const len = textWidth(label, 7.5);
+    const right = wx + 6 + len <= width - pad.r;
+    label.setAttribute("x", right ? wx + 6 : Math.max(pad.l + 2, wx - 6 - len));
+    label.dataset.side = right ? "right" : "left";
   }
   drawLegend(grouped ? lines : [], field, body);
   drawSummary(grouped, lines, field, body);

@@ -1,13 +1,17 @@
 """The dashboard in real headless Chromium: load it, pick a metric (its total first, every key
 merged), pick a key, see the chart with batch and speed points and the W marker; group by a
 dimension, filter by dimension values, choose step and time zone, and see what the API answers
-for the same query (and its message when it rejects one). Screenshots are kept in
-artifacts/dashboard.png and artifacts/dashboard-group-by.png."""
+for the same query (and its message when it rejects one); the W label and the axes' labels
+stay inside the chart, the y ticks are round numbers. Screenshots are kept in
+artifacts/dashboard.png, artifacts/dashboard-group-by.png and
+artifacts/dashboard-w-near-edge.png."""
 
 from __future__ import annotations
 
 import json
+import math
 import random
+import re
 import time
 import urllib.error
 import urllib.request
@@ -174,6 +178,119 @@ def test_dashboard_shows_chart_with_w_marker(server: Site, driver: Any) -> None:
     driver.save_screenshot(str(ARTIFACTS / "dashboard.png"))
     errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert errors == []
+
+
+NICE = {1.0, 2.0, 5.0}
+"""A nice tick step is 1, 2 or 5 times a power of ten (as d3's `ticks`)."""
+TICK = re.compile(r"-?\d+(\.\d+)?[kM]?")
+
+
+def _tick_value(text: str) -> float:
+    scale = {"k": 1e3, "M": 1e6}.get(text[-1], 1.0)
+    return float(text.rstrip("kM")) * scale
+
+
+def _assert_round_ticks(labels: list[str]) -> None:
+    """The y axis's labels, top to bottom: round numbers, one nice step apart, whole numbers
+    without decimals."""
+    assert len(labels) >= 3, labels
+    assert all(TICK.fullmatch(t) for t in labels), labels
+    values = [_tick_value(t) for t in labels]
+    steps = {round(a - b, 9) for a, b in pairwise(values)}
+    assert len(steps) == 1, labels  # evenly spaced, descending
+    (step,) = steps
+    assert step > 0, labels
+    mantissa = step / 10 ** math.floor(math.log10(step) + 1e-9)
+    assert round(mantissa, 6) in NICE, labels
+    for text, value in zip(labels, values, strict=True):
+        assert abs(value / step - round(value / step)) < 1e-6, labels  # a multiple of the step
+        number = text.rstrip("kM")
+        assert ("." in number) == (float(number) != int(float(number))), labels
+
+
+def _chart_geometry(driver: Any) -> dict[str, Any]:
+    """Client rectangles of the chart's SVG, of its plot (a grid line spans the plot's width),
+    of the W label, and the axes' labels (the y ticks top to bottom)."""
+    result: dict[str, Any] = driver.execute_script(
+        """
+        const rect = (e) => { const r = e.getBoundingClientRect();
+          return { left: r.left, right: r.right, top: r.top, bottom: r.bottom }; };
+        const svg = document.getElementById("chart-svg");
+        const w = document.querySelector("#w-marker text");
+        const ticks = [...svg.querySelectorAll("text.y-tick")]
+          .sort((a, b) => a.getBoundingClientRect().top - b.getBoundingClientRect().top);
+        return {
+          svg: rect(svg), plot: rect(svg.querySelector(".grid-line")),
+          w: w && { ...rect(w), text: w.textContent, side: w.dataset.side },
+          y: ticks.map((t) => t.textContent),
+          labels: [...svg.querySelectorAll("text.x-tick, text.y-tick")].map(rect),
+        };
+        """
+    )
+    return result
+
+
+def test_dashboard_w_label_inside_the_plot_and_round_y_ticks(server: Site, driver: Any) -> None:
+    """The W label lies inside the plot wherever W falls: right of the line, or left of it near
+    the plot's right edge (W 90 min before now over the last 7 days); every axis label lies
+    inside the SVG; the y ticks are round numbers (1, 2 or 5 times a power of ten apart)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    def pick(element_id: str, text: str) -> None:
+        Select(driver.find_element(By.ID, element_id)).select_by_visible_text(text)
+
+    wait = open_dashboard(driver, server.url)
+    # The chart's helpers themselves, against d3's choices (d3.ticks over d3's nice domain).
+    cases = driver.execute_script(
+        """
+        return [[0, 1814], [0, 1360.5], [0, 0.37], [-37, 512], [0, 12345], [0, 7], [0, 0]]
+          .map(([lo, hi]) => { const a = niceTicks(lo, hi, 5);
+            return a.ticks.map((v) => tickLabel(v, a.step, Math.max(-a.lo, a.hi))); });
+        """
+    )
+    assert cases == [
+        ["0", "500", "1000", "1500", "2000"],
+        ["0", "200", "400", "600", "800", "1000", "1200", "1400"],
+        ["0", "0.1", "0.2", "0.3", "0.4"],
+        ["-100", "0", "100", "200", "300", "400", "500", "600"],
+        ["0", "2k", "4k", "6k", "8k", "10k", "12k", "14k"],
+        ["0", "1", "2", "3", "4", "5", "6", "7"],
+        ["0", "0.2", "0.4", "0.6", "0.8", "1"],
+    ]
+
+    wait.until(lambda d: len(Select(d.find_element(By.ID, "metric")).options) == 3)
+    Select(driver.find_element(By.ID, "metric")).select_by_value("views_by_page")
+    sides = {}
+    for range_text, field_name in [
+        ("last 6 hours", "count"),
+        ("last day", "avg"),
+        ("last 7 days", "count"),
+        ("last 7 days", "sum"),
+    ]:
+        pick("range", range_text)
+        pick("field", field_name)
+        span = {"last 6 hours": 6, "last day": 24, "last 7 days": 168}[range_text] * HOUR
+        _shown(driver, wait, lambda q, span=span: _ms(q["end"][0]) - _ms(q["start"][0]) == span)
+        wait.until(lambda d, f=field_name: f"· {f} ·" in d.find_element(By.ID, "chart-title").text)
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#w-marker text"))
+        shape = _chart_geometry(driver)
+        svg, plot, w = shape["svg"], shape["plot"], shape["w"]
+        where = f"{range_text}, {field_name}: {shape}"
+        assert w["text"].startswith("W "), where
+        assert plot["left"] <= w["left"] and w["right"] <= plot["right"], where
+        assert svg["top"] <= w["top"] and w["bottom"] <= svg["bottom"], where
+        for label in shape["labels"]:
+            assert svg["left"] <= label["left"] and label["right"] <= svg["right"], where
+            assert svg["top"] <= label["top"] and label["bottom"] <= svg["bottom"], where
+        _assert_round_ticks(shape["y"])
+        sides[range_text] = w["side"]
+    # W is 90 minutes before now: 1/4 of 6 h and 1/16 of a day before the right edge (the
+    # label fits right of the line), 1/112 of 7 days (it goes left of the line).
+    assert sides == {"last 6 hours": "right", "last day": "right", "last 7 days": "left"}
+    ARTIFACTS.mkdir(exist_ok=True)
+    driver.save_screenshot(str(ARTIFACTS / "dashboard-w-near-edge.png"))
+    assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []
 
 
 def _shown(driver: Any, wait: Any, ready: Callable[[dict[str, list[str]]], bool]) -> str:
