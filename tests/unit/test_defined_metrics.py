@@ -11,6 +11,7 @@ import pytest
 
 from shared.config import MetricConfig, Settings, SourceConfig
 from shared.events import FILTERED, MetricInput, Skipped, metric_input, parse_record
+from shared.expressions.parse import ExpressionError, parse_tree
 from shared.metric_plan import MetricPlan, compile_plan
 
 T0 = 1_704_067_200_000  # 2024-01-01T00:00:00Z (a Monday)
@@ -161,7 +162,7 @@ def _settings(tmp_path: Path, metric: dict[str, Any]) -> Settings:
 @pytest.mark.parametrize(
     ("metric", "message"),
     [
-        ({"where": "amount >"}, "where: cannot parse"),
+        ({"where": "amount >"}, "where: incomplete expression: expected a value after '>'"),
         ({"where": "amount * 'x' > 1"}, "column 10"),
         ({"where": "amount + 1"}, "must be a condition"),
         ({"fields": {"a": "lower(5)"}}, "fields.a: lower takes STRING"),
@@ -196,3 +197,32 @@ def test_the_order_of_computed_fields_changes_nothing() -> None:
     one = plan(fields={"a": "x + 1", "b": "a * 2"}, key=("b",))
     two = plan(fields={"b": "a * 2", "a": "x + 1"}, key=("b",))
     assert one.version == two.version and one.config == two.config
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("dep_delay >", "expected a value after '>' at line 1, column 11"),
+        ("a = 1 AND", "expected a value after 'AND'"),
+        ("NOT", "expected a value after 'NOT'"),
+        ("(a + 1", "a '(' is not closed: expected ')'"),
+        ("a + 1)", "or a ')' is one too many"),
+        ("1 2", "two values need an operator between them"),
+        ("CASE WHEN a THEN 1", "write CASE WHEN <condition> THEN <value> [ELSE <value>] END"),
+        ("a BETWEEN 1", "write <value> BETWEEN <low> AND <high>"),
+        ("CAST(a AS)", "write CAST(<value> AS BIGINT|DOUBLE|STRING|BOOLEAN)"),
+        ("lower(", "an argument is missing"),
+        ("geo.", "expected a name after '.'"),
+        ("'abc", "a string is not closed: expected a closing '"),
+        ('"abc', 'a quoted field name is not closed: expected a closing "'),
+    ],
+)
+def test_a_broken_expression_says_what_to_write_not_the_parsers_internals(
+    text: str, says: str
+) -> None:
+    with pytest.raises(ExpressionError) as caught:
+        parse_tree(text)
+    message = str(caught.value)
+    assert says in message
+    for internal in ("<class", "sqlglot", "Required keyword", "Error tokenizing"):
+        assert internal not in message
