@@ -71,7 +71,15 @@ def test_invalid(expression: str, why: str) -> None:
     assert isinstance(info.value, ConfigError), "the settings refuse it at load"
 
 
-@pytest.mark.parametrize("expression", ["0 0 31 2 1", "0 0 31 * *", "0 0 31 1-2 *"])
-def test_a_day_that_exists_somewhere_fires(expression: str) -> None:
-    """With a weekday listed too, a day matches either field, so it fires every week."""
-    Schedule(expression)
+@pytest.mark.parametrize(
+    ("expression", "fires"),
+    [
+        ("0 0 31 2 1", "2027-02-01T00:00:00"),  # 31 February never; February's Mondays
+        ("0 0 31 * *", "2026-03-31T00:00:00"),
+        ("0 0 31 1-2 *", "2027-01-31T00:00:00"),
+    ],
+)
+def test_a_day_that_exists_somewhere_fires(expression: str, fires: str) -> None:
+    """A day of the month some listed month has fires on it; with a weekday listed too, a
+    day matches either field, so 31 February with Monday fires on February's Mondays."""
+    assert Schedule(expression).next_after(at("2026-03-01T00:00:00")) == at(fires)
