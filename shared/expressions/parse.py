@@ -23,6 +23,7 @@ from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, TokenError
 
 from shared.errors import ConfigError
+from shared.expressions.problems import parse_problem, token_problem
 from shared.expressions.syntax import (
     ANY,
     BIGINT,
@@ -184,7 +185,7 @@ def parse_tree(text: str) -> exp.Expr:
             _offset(text, first.get("line"), first.get("col")),
         ) from None
     except TokenError:
-        raise ExpressionError(text, _token_problem(text)) from None
+        raise ExpressionError(text, token_problem(text)) from None
     except RecursionError:
         raise ExpressionError(text, f"nested deeper than {MAX_DEPTH} levels") from None
     if len(trees) != 1 or trees[0] is None:
@@ -193,68 +194,6 @@ def parse_tree(text: str) -> exp.Expr:
     if tree.depth > MAX_DEPTH or max((n.depth for n in tree.walk()), default=0) > MAX_DEPTH:
         raise ExpressionError(text, f"nested deeper than {MAX_DEPTH} levels")
     return tree
-
-
-_OPERATORS = {
-    "GT": ">",
-    "GTE": ">=",
-    "LT": "<",
-    "LTE": "<=",
-    "EQ": "=",
-    "NEQ": "<>",
-    "And": "AND",
-    "Or": "OR",
-    "Add": "+",
-    "Sub": "-",
-    "Mul": "*",
-    "Div": "/",
-    "Mod": "%",
-    "Like": "LIKE",
-    "ILike": "ILIKE",
-    "DPipe": "||",
-    "Not": "NOT",
-    "Neg": "-",
-}
-"""sqlglot's node names of the operators an expression may hold, as written."""
-_MISSING = re.compile(r"Required keyword: '(\w+)' missing for <class '[\w.]*?(\w+)'>")
-"""sqlglot's error for a node lacking an operand: the operand, the node's class."""
-_PROBLEMS = {
-    "Expecting )": "a '(' is not closed: expected ')'",
-    "Invalid expression / Unexpected token": (
-        "unexpected text: two values need an operator between them (AND, OR, =, +, ...), "
-        "or a ')' is one too many"
-    ),
-    "Expected END after CASE": "incomplete CASE: write CASE WHEN <condition> THEN <value> "
-    "[ELSE <value>] END",
-    "Expected TYPE after CAST": "incomplete CAST: write CAST(<value> AS BIGINT|DOUBLE|STRING|"
-    "BOOLEAN)",
-}
-
-
-def parse_problem(description: str) -> str:
-    """What is wrong with an expression sqlglot cannot parse, and what to write, in the
-    config's words rather than the parser's (its node classes)."""
-    if description in _PROBLEMS:
-        return _PROBLEMS[description]
-    missing = _MISSING.search(description)
-    if missing is None:
-        return f"cannot parse: {description}"
-    node = missing.group(2)
-    if node in _OPERATORS:
-        return f"incomplete expression: expected a value after {_OPERATORS[node]!r}"
-    if node == "Between":
-        return "incomplete BETWEEN: write <value> BETWEEN <low> AND <high>"
-    if node == "Column":
-        return "incomplete field name: expected a name after '.'"
-    return "incomplete function call: an argument is missing, or its ')' is"
-
-
-def _token_problem(text: str) -> str:
-    """Why sqlglot's tokenizer refused `text`: most often a quote left open."""
-    for quote, what in (("'", "string"), ('"', "quoted field name")):
-        if text.count(quote) % 2:
-            return f"a {what} is not closed: expected a closing {quote}"
-    return "cannot read the text as an expression (a character no expression holds?)"
 
 
 def _offset(text: str, line: object, col: object) -> int | None:
