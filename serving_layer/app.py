@@ -31,6 +31,7 @@ from serving_layer.observability import (
 from serving_layer.pools import AsyncDb, Db, async_pool, blocking_pool
 from serving_layer.responses import JSONResponse
 from serving_layer.routes import dashboard, health, metrics, runs, status
+from serving_layer.served_row import HeldServedRow
 from shared.config import Settings, load_settings
 from shared.gc_tuning import freeze_startup_objects
 from shared.speed_view import redis_client, redis_client_async
@@ -60,11 +61,13 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.view_db = Db(app.state.view_pool, "batch_view") if replica else app.state.db
         query_pool = async_pool(settings)
         await query_pool.open()
-        app.state.async_db = AsyncDb(query_pool)
         timeouts = {"socket_timeout": 1.0, "socket_connect_timeout": 0.5}
         app.state.redis = redis_client(settings.redis, **timeouts)
         async_redis = redis_client_async(settings.redis, **timeouts)
         app.state.view = MergedView(settings, async_redis)
+        served = HeldServedRow(settings, query_pool, app.state.view.batch.hints)
+        served.start()
+        app.state.async_db = AsyncDb(query_pool, served)
         app.state.kafka = KafkaProbe(settings.kafka, settings.serving.kafka_timeout_s)
         collector = WatermarkAgeCollector(settings, app.state.pg_pool, app.state.view_pool)
         observer.add_scrape_time(collector)
@@ -76,6 +79,7 @@ def create_app(settings: Settings) -> FastAPI:
             app.state.pg_pool.close()
             if replica:
                 app.state.view_pool.close()
+            await served.stop()
             await query_pool.close()
             app.state.redis.close()
             await async_redis.aclose()

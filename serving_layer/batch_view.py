@@ -388,14 +388,29 @@ class BatchViewReader:
         """The plan `plan_for` makes of the served row and the cells it reads, in one statement
         while the hinted row is still served; else planned again with the row found. When
         PostgreSQL does not answer, the plan of the row last read marked unreachable, with no
-        cells (rule 12), if that row is recent enough; else the error."""
-        served = self.hints.get(metric.name)
+        cells (rule 12), if that row is recent enough; else the error.
+
+        The row `db` holds (`HeldServedRow.row_for`: confirmed current unless
+        `serving.served_row_confirm` is off), while fresh, replaces the hint, and a plan of it
+        that needs no cell (every batch point cached for its stamp, or nothing of the metric
+        served) reads nothing of PostgreSQL. A plan that reads cells still reads them guarded
+        by the held stamp, so a row changed since (a publication committed after the row was
+        confirmed, a flip that dropped the generation) joins no cell and the request is
+        planned again with the row found, as with a stale hint. An answer planned against a
+        held row that a publication has replaced meanwhile merges that row's batch points and
+        the speed cells after its W, which the speed layer keeps for `speed.cleanup_delay_s`
+        after it saw the new W served (rule 8): longer than the held row is used
+        (`fresh_for_s`, at most half of it) plus a request's time."""
+        held = None if db.served is None else await db.served.row_for(metric)
+        served = self.hints.get(metric.name) if held is None else held
         for _ in range(_GUARD_RETRIES):
             plan = plan_for(served)
             query = plan.cell_query
             statement: str | sql.Composed
             name, version = metric.name, metric.version
             if query is None or not query.refs:
+                if served is held:
+                    return plan, []
                 statement, params = _SERVED_SQL, _served_params(name, version, served)
             else:
                 statement, params = query.statement, query.bound(name, version, served)
@@ -414,6 +429,8 @@ class BatchViewReader:
                 raise TooManyCells(query.max_cells)
             found, cells = _typed_rows(rows, metric.version)
             self.hints.set(metric.name, found, sent_at)
+            if served is held and db.served is not None and found.stamp != served.stamp:
+                db.served.contradicted(found.stamp)
             if found.watermark is None:
                 return plan_for(found), []
             if found.stamp == served.stamp:

@@ -29,7 +29,7 @@ import select
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from fastapi import HTTPException
@@ -37,6 +37,9 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from serving_layer.errors import BatchViewUnreachable, unavailable
 from shared.config import Settings
+
+if TYPE_CHECKING:
+    from serving_layer.served_row import HeldServedRow
 
 log = logging.getLogger(__name__)
 
@@ -207,11 +210,13 @@ class Db:
 
 class AsyncDb:
     """The asyncio pool: a connection is held only around a statement, not across the
-    request's Redis read."""
+    request's Redis read. `served`: the served row held for the batch view this pool reads
+    (`serving_layer.served_row`), which reads of it plan against without a statement."""
 
-    def __init__(self, pool: AsyncConnectionPool) -> None:
+    def __init__(self, pool: AsyncConnectionPool, served: HeldServedRow | None = None) -> None:
         self._pool = pool
         self._waits = _Waits("query")
+        self.served = served
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:

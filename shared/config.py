@@ -677,6 +677,17 @@ class ServingSettings(_Strict):
     more are answered 503 with `Retry-After` at once instead of queueing behind them, so an
     overload shows as refusals, not as every client's time-out. Health, readiness and
     `/metrics` are exempt."""
+    served_refresh_s: float = Field(default=5.0, gt=0)
+    """How often each API process re-reads the served row it holds besides on each
+    announcement of a publication (`LISTEN lp_served`): the safety net for a lost one. A
+    request plans against the held row instead of reading it while the statement that read
+    it was sent less than twice this ago and less than half of `speed.cleanup_delay_s`."""
+    served_row_confirm: bool = True
+    """Whether a request confirms the served row its process holds with one `SELECT 1` on
+    the `LISTEN` connection, shared by the requests arriving meanwhile, so that its answer
+    reflects every publication committed before it arrived. Off: no round trip at all, and
+    an answer may lag a publication by its announcement's delivery (microseconds to a few
+    milliseconds)."""
     batch_view_url: str | None = None
     """A libpq URL of a PostgreSQL streaming replica of `postgres.url` to read the batch view
     from (queries, `/v1/status`'s W, and the speed layer's reads of the served row); the

@@ -44,6 +44,18 @@ class ServedView:
         return self.watermarks.get(metric)
 
 
+CHANNEL = "lp_served"
+"""The channel every write of the served row is announced on (migration 0010's trigger on
+`served_view`), with the row's new stamp (`xmin`) as the payload, '' when no row is left.
+NOTIFY is delivered when the writing transaction commits, so only committed publications are
+announced; a listener that was not connected then hears nothing of it (re-read the row after
+`LISTEN`)."""
+
+STAMPED_SQL = "SELECT xmin::text, generation, watermarks, versions FROM served_view WHERE id = 1"
+"""What a reader holding the row keeps of it: its stamp (every publication rewrites the row,
+rule 6), the generation, W and the version of every metric."""
+
+
 _SELECT = (
     "SELECT generation, snapshot, watermarks, rebuild_from, versions, rebuild_index, "
     "history_index, stream_times, published_at "
