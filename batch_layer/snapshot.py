@@ -41,7 +41,8 @@ def take_snapshot(settings: Settings) -> Snapshot:
     snapshot: Snapshot = {topic: {} for topic, _ in topics}
     give_up = time.monotonic() + SNAPSHOT_PATIENCE_S
     while True:
-        futures = admin_client(settings).list_offsets(
+        admin = admin_client(settings)  # kept until answered: a dropped client never answers
+        futures = admin.list_offsets(
             {tp: OffsetSpec.latest() for tp in pending},
             isolation_level=IsolationLevel.READ_COMMITTED,
             request_timeout=SNAPSHOT_ATTEMPT_S,

@@ -82,7 +82,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from batch_layer.publish import Publication, _flip, expire_cells, publish_incremental
 from bench.common import log, pct, with_db
 from lambdactl.stack import stack_up
-from serving_layer.batch_view import SERIES_SQL, CellQuery, ServedRow
+from serving_layer.batch_view import SERIES_SQL, CellQuery
+from serving_layer.served_row import ServedRow
 from shared.config import Settings
 from shared.db.cell_tables import (
     add_time_ranges,

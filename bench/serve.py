@@ -120,10 +120,11 @@ from bench.common import Errors, RawHttp, clock, free_port, pct, with_db  # noqa
 from lambdactl.stack import stack_up  # noqa: E402
 from serving_layer import run_server  # noqa: E402
 from serving_layer.auth import ReaderDep  # noqa: E402
-from serving_layer.batch_view import SERIES_SQL, CellQuery, ServedRow  # noqa: E402
+from serving_layer.batch_view import SERIES_SQL, CellQuery  # noqa: E402
 from serving_layer.merged_view import MergedView  # noqa: E402
 from serving_layer.read_plan import split_starts  # noqa: E402
 from serving_layer.routes import metrics  # noqa: E402
+from serving_layer.served_row import ServedRow  # noqa: E402
 from serving_layer.timefmt import format_time  # noqa: E402
 from shared.aggregations import CellState, encode_state, fold_inputs  # noqa: E402
 from shared.config import Settings, load_settings  # noqa: E402

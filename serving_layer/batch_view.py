@@ -8,8 +8,6 @@ case, and never a plan from one W with cells from another. Rows come back typed 
 
 from __future__ import annotations
 
-import math
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,59 +21,13 @@ from psycopg.rows import RowMaker
 from serving_layer.errors import BatchViewUnreachable, BatchViewUnsettled, TooManyCells
 from serving_layer.pools import AsyncDb
 from serving_layer.selection import Selection
+from serving_layer.served_row import NOTHING_SERVED, ServedHints, ServedRow
 from shared.aggregations import CellState
 from shared.db.cells import state_of_columns
 from shared.metric_plan import SESSION_WINDOW_MS, MetricPlan
 from shared.windows import CellRef
 
 _GUARD_RETRIES = 4
-
-
-class ServedRow(NamedTuple):
-    """The served row as one metric sees it: its `xmin` stamp (every publication rewrites the
-    row, rule 6), the generation and W (None when nothing of the metric's version is served).
-    `reachable` False: PostgreSQL did not answer, and this is the row last read (rule 12 in
-    docs/semantics.md): a plan of it reads no batch cell and answers from W on."""
-
-    stamp: str | None
-    generation: int | None
-    watermark: int | None
-    reachable: bool = True
-
-
-NOTHING_SERVED = ServedRow(None, None, None)
-
-
-class ServedHints:
-    """The served row last seen per metric: what the next batch read is planned with, and,
-    while PostgreSQL does not answer, for how long a speed-only answer may still use it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._hints: dict[str, ServedRow] = {}
-        self._read_at: dict[str, float] = {}
-
-    def get(self, metric: str) -> ServedRow:
-        with self._lock:
-            return self._hints.get(metric, NOTHING_SERVED)
-
-    def set(self, metric: str, served: ServedRow, sent_at: float) -> None:
-        """Keep `served`, read by a statement sent at `sent_at` (monotonic), unless a row
-        read by a statement sent later is kept already (a slow read ending late holds an
-        older snapshot)."""
-        with self._lock:
-            if sent_at >= self._read_at.get(metric, -math.inf):
-                self._hints[metric] = served
-                self._read_at[metric] = sent_at
-
-    def read_within(self, metric: str, seconds: float) -> ServedRow | None:
-        """The row kept, if the statement that read it was sent less than `seconds` ago (its
-        snapshot is no older than that: a publication it misses came after)."""
-        with self._lock:
-            read_at = self._read_at.get(metric)
-            if read_at is None or time.monotonic() - read_at > seconds:
-                return None
-            return self._hints[metric]
 
 
 class StoredCell(NamedTuple):

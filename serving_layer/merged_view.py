@@ -25,7 +25,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import orjson
 
-from serving_layer.batch_view import BatchViewReader, ServedRow, StoredCell
+from serving_layer.batch_view import BatchViewReader, StoredCell
 from serving_layer.caches import ReadsInFlight, SpeedPointCache, StampedCache
 from serving_layer.errors import BatchViewUnreachable, TooManyCells
 from serving_layer.pools import AsyncDb
@@ -41,6 +41,7 @@ from serving_layer.read_plan import (
     keys_speed_starts,
 )
 from serving_layer.selection import Selection
+from serving_layer.served_row import ServedRow
 from serving_layer.timefmt import format_time
 from shared.aggregations import CellState, Ranking, RenderOptions, decode_state, merge_states
 from shared.config import Settings

@@ -18,9 +18,10 @@ from typing import Any, NamedTuple, Protocol
 
 import orjson
 
-from serving_layer.batch_view import CellQuery, ServedRow
+from serving_layer.batch_view import CellQuery
 from serving_layer.errors import RetentionExpired
 from serving_layer.selection import Selection
+from serving_layer.served_row import ServedRow
 from serving_layer.timefmt import format_time
 from shared.aggregations import Ranking
 from shared.durations import format_duration

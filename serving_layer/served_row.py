@@ -1,6 +1,8 @@
-"""The served row held in memory (issue #50): each API process keeps the row it last read and
-plans requests against it instead of reading it in every request, since the row changes only
-when a batch run publishes (rule 6 in docs/semantics.md) and every write of it is announced.
+"""The served row as the API knows it: one metric's view of it (`ServedRow`), the row last
+seen per metric (`ServedHints`), and the row held in memory (`HeldServedRow`, issue #50):
+each API process keeps the row it last read and plans requests against it instead of reading
+it in every request, since the row changes only when a batch run publishes (rule 6 in
+docs/semantics.md) and every write of it is announced.
 
 - **Announcements.** A trigger on `served_view` sends `NOTIFY lp_served` with the row's new
   stamp from whatever writes it (migration 0010; `shared.db.served.CHANNEL`), delivered at
@@ -40,19 +42,68 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import select
+import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from serving_layer.batch_view import NOTHING_SERVED, ServedHints, ServedRow
 from shared.config import Settings
 from shared.db.served import CHANNEL, STAMPED_SQL
 from shared.metric_plan import MetricPlan
 
 log = logging.getLogger(__name__)
+
+
+class ServedRow(NamedTuple):
+    """The served row as one metric sees it: its `xmin` stamp (every publication rewrites the
+    row, rule 6), the generation and W (None when nothing of the metric's version is served).
+    `reachable` False: PostgreSQL did not answer, and this is the row last read (rule 12 in
+    docs/semantics.md): a plan of it reads no batch cell and answers from W on."""
+
+    stamp: str | None
+    generation: int | None
+    watermark: int | None
+    reachable: bool = True
+
+
+NOTHING_SERVED = ServedRow(None, None, None)
+
+
+class ServedHints:
+    """The served row last seen per metric: what the next batch read is planned with, and,
+    while PostgreSQL does not answer, for how long a speed-only answer may still use it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._hints: dict[str, ServedRow] = {}
+        self._read_at: dict[str, float] = {}
+
+    def get(self, metric: str) -> ServedRow:
+        with self._lock:
+            return self._hints.get(metric, NOTHING_SERVED)
+
+    def set(self, metric: str, served: ServedRow, sent_at: float) -> None:
+        """Keep `served`, read by a statement sent at `sent_at` (monotonic), unless a row
+        read by a statement sent later is kept already (a slow read ending late holds an
+        older snapshot)."""
+        with self._lock:
+            if sent_at >= self._read_at.get(metric, -math.inf):
+                self._hints[metric] = served
+                self._read_at[metric] = sent_at
+
+    def read_within(self, metric: str, seconds: float) -> ServedRow | None:
+        """The row kept, if the statement that read it was sent less than `seconds` ago (its
+        snapshot is no older than that: a publication it misses came after)."""
+        with self._lock:
+            read_at = self._read_at.get(metric)
+            if read_at is None or time.monotonic() - read_at > seconds:
+                return None
+            return self._hints[metric]
+
 
 LISTEN_APPLICATION = "lambda-serving-listen"
 """The `application_name` of the `LISTEN` connection (`pg_stat_activity` shows it)."""

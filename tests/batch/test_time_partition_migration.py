@@ -16,7 +16,8 @@ import pytest
 from alembic import command
 
 from batch_layer.publish import Publication, _flip, publish_incremental
-from serving_layer.batch_view import SERIES_SQL, CellQuery, ServedRow
+from serving_layer.batch_view import SERIES_SQL, CellQuery
+from serving_layer.served_row import ServedRow
 from shared.db.cell_tables import DAY_MS, REST, TimeRange, by_key_name, time_ranges
 from shared.db.cells import BatchCell
 from shared.db.connect import connect

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from serving_layer.batch_view import SERIES_SQL, CellQuery, ServedRow
+from serving_layer.batch_view import SERIES_SQL, CellQuery
+from serving_layer.served_row import ServedRow
 from shared.db.connect import connect
 from shared.windows import CellRef
 from tests.conftest import Platform, reconfigured

@@ -9,8 +9,9 @@ import time
 import psycopg
 import pytest
 
-from serving_layer.batch_view import ServedHints, ServedRow, _unreachable
+from serving_layer.batch_view import _unreachable
 from serving_layer.errors import BatchViewUnreachable
+from serving_layer.served_row import ServedHints, ServedRow
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from serving_layer.batch_view import CellRuns, ServedRow, runs_of
+from serving_layer.batch_view import CellRuns, runs_of
 from serving_layer.read_plan import (
     KeySeriesPlan,
     SlicedPlan,
@@ -18,6 +18,7 @@ from serving_layer.read_plan import (
     keys_speed_starts,
 )
 from serving_layer.selection import Selection
+from serving_layer.served_row import ServedRow
 from shared.config import MetricConfig, SourceConfig
 from shared.metric_plan import compile_plan
 from shared.windows import CellRef
