@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain, groupby
 from operator import add, attrgetter
@@ -30,9 +29,11 @@ from serving_layer.caches import ReadsInFlight, SpeedPointCache, StampedCache
 from serving_layer.errors import BatchViewUnreachable, TooManyCells
 from serving_layer.pools import AsyncDb
 from serving_layer.read_plan import (
+    Answer,
     Group,
     KeySeriesPlan,
     RankedGroups,
+    SeriesRows,
     SlicedPlan,
     SpeedRead,
     TopPlan,
@@ -59,33 +60,6 @@ def render_merge(
     """The outputs of the merge of `parts` (a single stored cell renders from its summaries
     where its aggregations allow)."""
     return metric.aggregations.render(merge_states(metric.kinds, parts), options)
-
-
-@dataclass
-class SlicedResult:
-    watermark: int | None
-    speed_status: str
-    batch_cells: int
-    speed_states: int
-    groups: dict[Group, list[orjson.Fragment]] = field(default_factory=dict)
-    """Each group's points, ascending by start."""
-    batch_status: str = "ok"
-    """"unavailable": PostgreSQL did not answer; only windows from W on (rule 12)."""
-    stamp: str | None = None
-    """The served row the batch cells were read under (its `xmin`)."""
-
-
-@dataclass
-class ReadResult:
-    watermark: int | None
-    speed_status: str
-    points: list[orjson.Fragment] = field(default_factory=list)
-    batch_cells: int = 0
-    speed_states: int = 0
-    batch_status: str = "ok"
-    """"unavailable": PostgreSQL did not answer; only windows from W on (rule 12)."""
-    stamp: str | None = None
-    """The served row the batch cells were read under (its `xmin`)."""
 
 
 class SpeedCells(NamedTuple):
@@ -140,7 +114,7 @@ class MergedView:
         starts: range,
         key: Group,
         options: RenderOptions,
-    ) -> ReadResult:
+    ) -> Answer[SeriesRows]:
         """One key's rendered points of the windows starting at `starts` (a range stepping by
         `window_ms`, a configured window)."""
         name = ("series", metric.name, window_ms, key, options)
@@ -174,17 +148,17 @@ class MergedView:
         )
         points = {**plan.known, **merged}
         from_batch = map(points.__getitem__, chain(plan.batch, plan.mixed))
-        result = ReadResult(
+        rendered = list(chain.from_iterable(map(dict.values, from_batch)))
+        rendered.extend(self._key_speed_points(name, plan, by_start, options))
+        return Answer(
+            {(): rendered},
             plan.served.watermark,
             status,
-            list(chain.from_iterable(map(dict.values, from_batch))),
+            batch_status(plan.served),
+            plan.served.stamp,
             batch_cells=len(plan.batch) - len(plan.composed) + len(plan.mixed) + len(stored),
             speed_states=sum(map(len, by_start.values())),
-            batch_status=batch_status(plan.served),
-            stamp=plan.served.stamp,
         )
-        result.points.extend(self._key_speed_points(name, plan, by_start, options))
-        return result
 
     async def sliced_series(
         self,
@@ -193,7 +167,7 @@ class MergedView:
         windows: Sequence[Window],
         selection: Selection,
         options: RenderOptions,
-    ) -> SlicedResult:
+    ) -> Answer[SeriesRows]:
         """The points of each group of `selection` (one group, `()`, without `group_by`) over
         the given windows (`[start, end)`, any multiple of the base cell, overlapping when
         hopping): every key passing the filters is read and merged into its group, window by
@@ -225,19 +199,20 @@ class MergedView:
             )
         finally:
             reading.release()
-        result = SlicedResult(
-            plan.served.watermark,
-            speed.status,
-            len(stored),
-            speed.states,
-            batch_status=batch_status(plan.served),
-            stamp=plan.served.stamp,
-        )
+        groups: SeriesRows = {}
         for window in plan.windows:
             points = plan.known[window] if window in plan.known else merged[window]
             for group, point in points.items():
-                result.groups.setdefault(group, []).append(point)
-        return result
+                groups.setdefault(group, []).append(point)
+        return Answer(
+            groups,
+            plan.served.watermark,
+            speed.status,
+            batch_status(plan.served),
+            plan.served.stamp,
+            batch_cells=len(stored),
+            speed_states=speed.states,
+        )
 
     async def top(
         self,
@@ -247,7 +222,7 @@ class MergedView:
         start: int,
         ranking: Ranking,
         selection: Selection,
-    ) -> tuple[ReadResult, RankedGroups]:
+    ) -> Answer[RankedGroups]:
         """Every group's ranked value over one window (the groups of `selection.group_by`,
         after its filters), best first, ties by group ascending. Raises TooManyCells past
         `serving.max_cells` cells."""
@@ -273,9 +248,9 @@ class MergedView:
         watermark = plan.served.watermark
         if plan.known is not None:
             ranked, batch_cells = plan.known
-            known = ReadResult(watermark, speed.status, batch_cells=batch_cells)
-            known.stamp = plan.served.stamp
-            return known, ranked
+            return Answer(
+                ranked, watermark, speed.status, stamp=plan.served.stamp, batch_cells=batch_cells
+            )
         _check_cells(len(stored) + speed.states, max_cells)
         cells = GroupedCells(stored, speed, selection, ranking.slot >= 0)
         parts = await compose(WindowPlan(plan.window.batch_cells, ()), cells)
@@ -290,15 +265,15 @@ class MergedView:
         ranked.sort(key=lambda item: (-item[1], item[0]))
         if not plan.window.speed_cells and plan.served.stamp is not None and watermark is not None:
             self.tops.put(name, plan.served.stamp, (ranked, len(stored)), len(ranked) + 1)
-        result = ReadResult(
+        return Answer(
+            ranked,
             watermark,
             speed.status,
+            batch_status(plan.served),
+            plan.served.stamp,
             batch_cells=len(stored),
             speed_states=speed_states,
-            batch_status=batch_status(plan.served),
-            stamp=plan.served.stamp,
         )
-        return result, ranked
 
     async def keys(
         self,
@@ -308,7 +283,7 @@ class MergedView:
         end: int,
         prefix: str | None,
         selection: Selection,
-    ) -> tuple[ReadResult, list[Group]]:
+    ) -> Answer[list[Group]]:
         """Keys passing the filters with a cell in `[start, end)`: batch cells before W, speed
         sub-cells after. One statement reads W and the keys together, so nothing is planned
         against a hinted W."""
@@ -319,7 +294,7 @@ class MergedView:
             key = decode_key(encoded)
             if (prefix is None or not key or key[0].startswith(prefix)) and selection.matches(key):
                 found.add(key)
-        return ReadResult(watermark, status), sorted(found)
+        return Answer(sorted(found), watermark, status)
 
     def _key_speed_points(
         self,

@@ -19,7 +19,7 @@ from shared.config import Settings
 from shared.durations import format_duration, parse_duration
 from shared.events import MAX_EVENT_MS, MIN_EVENT_MS
 from shared.expressions.zones import zone_info
-from shared.metric_plan import MetricPlan, rollup_name
+from shared.metric_plan import MetricPlan
 
 SUPPORTED_MS = (MIN_EVENT_MS, MAX_EVENT_MS + 1)
 """Where every time a query names and every window it reaches must lie: the years 1-9999 an
@@ -32,22 +32,6 @@ def metric_of(settings: Settings, name: str) -> MetricPlan:
         known = ", ".join(m.name for m in settings.metrics) or "none"
         raise not_found(f"unknown metric {name!r}; configured metrics: {known}")
     return metric
-
-
-def answering_plan(
-    settings: Settings, metric: MetricPlan, selection: Selection
-) -> tuple[MetricPlan, Selection]:
-    """What a query reads: the smallest of `metric`'s rollups that keeps every dimension the
-    query filters or groups by (fewest dimensions: fewest cells), with the selection over its
-    key; the metric itself when none does."""
-    used = selection.used
-    covering = [dims for dims in metric.rollups if used <= set(dims)]
-    if not covering:
-        return metric, selection
-    dims = min(covering, key=len)
-    plan = settings.plan(rollup_name(metric.name, dims))
-    assert plan is not None, "compile_plans compiles every rollup"
-    return plan, selection.onto(dims)
 
 
 def window_of(metric: MetricPlan, text: str) -> int:

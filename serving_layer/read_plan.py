@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import orjson
 
@@ -36,6 +36,34 @@ Group = tuple[str, ...]
 
 WindowPoints = dict[Group, orjson.Fragment]
 """One window's rendered point per group (a group without events has none)."""
+
+
+SeriesRows = dict[Group, list[orjson.Fragment]]
+"""Each group's rendered points, ascending by start."""
+
+RankedGroups = list[tuple[Group, Any]]
+"""Groups and their ranked values, best first."""
+
+Rows = TypeVar("Rows")
+
+
+@dataclass
+class Answer(Generic[Rows]):
+    """What a read of the merged view found, of every shape (`serving_layer.query`): its rows
+    and their provenance."""
+
+    rows: Rows
+    watermark: int | None
+    """W of the served row the answer was planned against."""
+    speed_status: str
+    batch_status: str = "ok"
+    """"unavailable": PostgreSQL did not answer; only windows from W on (rule 12)."""
+    stamp: str | None = None
+    """The served row the batch cells were read under (its `xmin`)."""
+    batch_cells: int = 0
+    """Batch cells merged (a cached window counts its cells)."""
+    speed_states: int = 0
+    """Speed sub-cell states merged."""
 
 
 class SpeedRead(NamedTuple):
@@ -236,10 +264,6 @@ class SlicedPlan:
     @property
     def speed_read(self) -> SpeedRead:
         return SpeedRead(tuple(sorted({s for p in self.windows.values() for s in p.speed_cells})))
-
-
-RankedGroups = list[tuple[Group, Any]]
-"""Groups and their ranked values, best first."""
 
 
 @dataclass(frozen=True)

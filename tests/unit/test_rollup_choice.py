@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from fastapi import HTTPException
 
-from serving_layer.params import answering_plan, metric_of
+from serving_layer.params import metric_of
+from serving_layer.query import answering_plan
 from serving_layer.selection import Selection
 from shared.config import Settings
 
