@@ -13,12 +13,12 @@ in `batch_view`; `merged_view` reads, merges and caches every shape the same way
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import orjson
 
-from serving_layer.batch_view import CellQuery
+from serving_layer.batch_view import CellQuery, StoredCell
 from serving_layer.errors import RetentionExpired
 from serving_layer.selection import Selection
 from serving_layer.served_row import ServedRow
@@ -43,6 +43,10 @@ SeriesRows = dict[Group, list[orjson.Fragment]]
 
 RankedGroups = list[tuple[Group, Any]]
 """Groups and their ranked values, best first."""
+
+CachedCells = Mapping[CellRef, Sequence[StoredCell]]
+"""Stored cells read for an earlier request under the same served stamp, by cell: the batch
+part of windows reaching past W, which a plan then does not read again (`MergedView.cells`)."""
 
 Rows = TypeVar("Rows")
 
@@ -85,6 +89,15 @@ class ReadPlan(Protocol):
 
     @property
     def speed_read(self) -> SpeedRead: ...
+
+    @property
+    def live_refs(self) -> Sequence[CellRef]:
+        """The batch cells of the windows reaching past W: their merge changes with every
+        speed write, their rows only with the served stamp (kept in `MergedView.cells`)."""
+        ...
+
+    @property
+    def cached(self) -> CachedCells: ...
 
 
 def split_starts(
@@ -153,6 +166,7 @@ class KeySeriesPlan:
     composed: Mapping[int, WindowPlan]
     """How each window that is merged from the batch view is composed, by start: the
     batch-only windows not `known`, then the one straddling W."""
+    cached: CachedCells = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -186,8 +200,13 @@ class KeySeriesPlan:
         for plan in self.composed.values():
             need = needs_sketches(len(plan.batch_cells) + len(plan.speed_cells))
             for ref in plan.batch_cells:
-                needs[ref] = needs.get(ref, False) or need
+                if ref not in self.cached:
+                    needs[ref] = needs.get(ref, False) or need
         return CellQuery.one_key(self.key, needs)
+
+    @property
+    def live_refs(self) -> list[CellRef]:
+        return [ref for start in self.mixed for ref in self.composed[start].batch_cells]
 
     @property
     def mixed_speed_cells(self) -> list[int]:
@@ -217,6 +236,7 @@ class SlicedPlan:
     known: Mapping[Window, WindowPoints]
     max_cells: int
     deferred: bool = False
+    cached: CachedCells = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -257,9 +277,16 @@ class SlicedPlan:
                     for window, plan in self.windows.items()
                     if window not in self.known
                     for ref in plan.batch_cells
+                    if ref not in self.cached
                 }
             )
         return CellQuery.sliced(self.selection, refs, self.max_cells)
+
+    @property
+    def live_refs(self) -> list[CellRef]:
+        watermark = self.served.watermark
+        live = (p.batch_cells for w, p in self.windows.items() if not batch_only(w, watermark))
+        return sorted({ref for refs in live for ref in refs})
 
     @property
     def speed_read(self) -> SpeedRead:
@@ -281,6 +308,7 @@ class TopPlan:
     known: tuple[RankedGroups, int] | None
     """The cached ranking and the batch cells it was merged from."""
     max_cells: int
+    cached: CachedCells = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -303,16 +331,21 @@ class TopPlan:
     def cell_query(self) -> CellQuery:
         refs = () if self.known is not None else self.window.batch_cells
         parts = len(refs) + len(self.window.speed_cells)
+        unread = [ref for ref in refs if ref not in self.cached]
         sketch = self.ranking.slot + 1
         merges_keys = self.selection.group_by != self.metric.key
         return CellQuery.ranked(
             self.selection,
-            refs,
+            unread,
             self.max_cells,
             sketch=sketch,
             # one stored cell per group and no speed cells: its summary may be the answer
             union=self.ranking.needs_sketch(parts) or (merges_keys and sketch > 0),
         )
+
+    @property
+    def live_refs(self) -> Sequence[CellRef]:
+        return self.window.batch_cells if self.window.speed_cells else ()
 
     @property
     def speed_read(self) -> SpeedRead:

@@ -647,6 +647,10 @@ class ServingSettings(_Strict):
     """Batch-side series points kept per app, valid for one served row (~500 bytes each)."""
     speed_cache_bytes: int = Field(default=64 << 20, ge=0)
     """Speed-side points kept per app, keyed by the exact sub-cell states they merge."""
+    live_cells_cache_bytes: int = Field(default=32 << 20, ge=0)
+    """Stored cells of windows reaching past W kept per app, valid for one served row: the
+    batch part of a window straddling W (or of `top` over one) is read once per publication,
+    not per request."""
     pg_reconnect_timeout_s: float = Field(default=5.0, gt=0)
     """How long the API's PostgreSQL pools retry (1 s, doubling) to replace a lost connection
     before giving it up; a request that then finds no connection starts a fresh attempt, so

@@ -454,3 +454,53 @@ def test_unconfirmed_answers_planned_against_a_replaced_row_are_whole(
         assert set(seen) == {format_time(W1), format_time(W3)}, seen
         for answer in answers:
             assert not _wrong_points(answer, "/a"), answer["batch_watermark"]
+
+
+def test_windows_straddling_w_read_their_batch_cells_once_per_publication(
+    platform: Platform,
+) -> None:
+    """The batch part of a window reaching past W (an hour straddling W1, as a one-key series,
+    per group, and for `top`) is read once per served stamp: repeated requests send no
+    statement and answer the same; after a publication they read the new generation's."""
+    settings = _world(platform)
+    load_views(settings, EVENTS, W1, seed=3)
+    span = {"start": format_time(T0 - HOUR), "end": format_time(T0 + HOUR)}
+    queries: list[tuple[str, dict[str, str]]] = [
+        ("series", {"window": "1h", "page": "/a", **span}),
+        ("series", {"window": "1h", "group_by": "page", **span}),
+        ("top", {"window": "1h", "at": format_time(T0 - 30 * MINUTE)}),
+    ]
+
+    def ask(client: TestClient) -> list[dict[str, Any]]:
+        bodies = []
+        for path, params in queries:
+            response = client.get(f"/v1/metrics/views_by_page/{path}", params=params)
+            assert response.status_code == 200, response.text
+            bodies.append(response.json())
+        return bodies
+
+    def straddling_count(body: dict[str, Any]) -> int:
+        point = next(p for p in body["points"] if p["start"] == format_time(T0 - HOUR))
+        count: int = point["count"]
+        return count
+
+    in_hour = [e for e in EVENTS if T0 - HOUR <= e.time_ms < T0]
+    with TestClient(create_app(settings)) as client:
+        _holding(client, settings)
+        first = ask(client)
+        one_key, grouped, top = first
+        assert straddling_count(one_key) == sum(e.key == ("/a",) for e in in_hour)
+        assert {p["source"] for p in one_key["points"]} == {"mixed", "speed"}
+        by_page = {g["key"]["page"]: straddling_count(g) for g in grouped["groups"]}
+        assert by_page == {p: sum(e.key == (p,) for e in in_hour) for p in PAGES}
+        assert sorted(i["value"] for i in top["items"]) == sorted(by_page.values())
+        since = _now(settings)
+        assert [ask(client) for _ in range(5)] == [first] * 5
+        assert _statements_since(settings, since) == [], "the straddling hour read no cell again"
+        with connect(settings.postgres.url) as conn:  # W stays W1; LATE joins its batch part
+            _publish_on(conn, settings, EVENTS + LATE, W1)
+        stamp = _holding(client, settings)
+        one_key, grouped, _ = ask(client)
+        late = [e for e in LATE if T0 - HOUR <= e.time_ms < T0]
+        assert straddling_count(one_key) == sum(e.key == ("/a",) for e in in_hour + late)
+        assert _held(client).stamp == stamp
