@@ -51,6 +51,12 @@ class Query(Protocol):
     async def read(self, view: MergedView, db: AsyncDb) -> Answer[object]: ...
 
 
+def _check_count(name: str, value: int, most: int) -> None:
+    """How many rows a query may answer (`limit`, `n`): 1 to `most`."""
+    if not 1 <= value <= most:
+        raise bad_request(f"{name} must be between 1 and {most}")
+
+
 def answering_plan(
     settings: Settings, metric: MetricPlan, selection: Selection
 ) -> tuple[MetricPlan, Selection]:
@@ -91,8 +97,7 @@ class SeriesQuery:
         options: RenderOptions,
         limit: int,
     ) -> SeriesQuery:
-        if not 1 <= limit <= settings.serving.max_groups:
-            raise bad_request(f"limit must be between 1 and {settings.serving.max_groups}")
+        _check_count("limit", limit, settings.serving.max_groups)
         check_windows(settings, metric, spec, *window)
         return cls(metric, spec, *window, selection, options, limit)
 
@@ -191,8 +196,7 @@ class TopQuery:
         options: RenderOptions,
     ) -> TopQuery:
         ranked, ranking = _ranking_of(settings, metric, by, options)
-        if not 1 <= n <= settings.serving.max_top_n:
-            raise bad_request(f"n must be between 1 and {settings.serving.max_top_n}")
+        _check_count("n", n, settings.serving.max_top_n)
         check_cells(
             settings, window_ms // metric.base_window_ms, "use a smaller window for top queries"
         )
@@ -253,8 +257,7 @@ class KeysQuery:
         selection: Selection,
         limit: int,
     ) -> KeysQuery:
-        if not 1 <= limit <= settings.serving.max_keys_limit:
-            raise bad_request(f"limit must be between 1 and {settings.serving.max_keys_limit}")
+        _check_count("limit", limit, settings.serving.max_keys_limit)
         base, (start_ms, end_ms) = metric.base_window_ms, window
         check_cells(
             settings,
@@ -296,8 +299,7 @@ class SessionsQuery:
         if metric.sessions is None:
             raise bad_request(f"{metric.name} is not a session metric; use /series")
         check_supported(*window, "[start, end)", "send times in years 1 to 9999")
-        if not 1 <= limit <= settings.serving.max_keys_limit:
-            raise bad_request(f"limit must be between 1 and {settings.serving.max_keys_limit}")
+        _check_count("limit", limit, settings.serving.max_keys_limit)
         key = selection.exact_key
         if key is None:
             dims = ", ".join(f"{d}=..." for d in metric.key)
