@@ -8,7 +8,14 @@ import asyncio
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
-from typing import Any
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from serving_layer.batch_view import StoredCell
+from serving_layer.read_plan import CachedCells, ReadPlan
+from shared.windows import CellRef
+
+PlanT = TypeVar("PlanT", bound=ReadPlan)
 
 
 class StampedCache:
@@ -45,6 +52,54 @@ class StampedCache:
             while self._weight > self._max:
                 _, (_, _, evicted) = self._entries.popitem(last=False)
                 self._weight -= evicted
+
+
+class LiveCells:
+    """The stored cells of windows reaching past W (`ReadPlan.live_refs`) per answer, as
+    read, for one served stamp: their merge changes with every speed write, their rows only
+    with a publication, so a plan reads none of them again under the same stamp. Kept rows
+    merge in the order a cold read gives them (the same answer to the bit). Weighed in
+    bytes, least recently used answers first."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._cells = StampedCache(max_bytes)
+
+    def with_cached(self, name: Hashable, plan: PlanT) -> PlanT:
+        """`plan` reading none of its live cells that an earlier read of answer `name` under
+        the same served stamp kept."""
+        held: CachedCells | None = self._cells.get(name, plan.served.stamp)
+        if not held:
+            return plan
+        cached = {ref: held[ref] for ref in plan.live_refs if ref in held}
+        return replace(plan, cached=cached) if cached else plan  # type: ignore[type-var]
+
+    def keep(self, name: Hashable, plan: ReadPlan, stored: list[StoredCell]) -> list[StoredCell]:
+        """Every row of the plan's cells: those read now and those cached; the live cells
+        read now kept for the plan's stamp (a cell without a row too: none is stored)."""
+        stamp, live = plan.served.stamp, plan.live_refs
+        if stamp is None or not plan.served.reachable or not live:
+            return stored
+        fresh = [ref for ref in live if ref not in plan.cached]
+        if fresh:
+            by_ref: dict[CellRef, list[StoredCell]] = {ref: [] for ref in fresh}
+            for row in stored:
+                rows = by_ref.get(row.ref)
+                if rows is not None:
+                    rows.append(row)
+            held: CachedCells = self._cells.get(name, stamp) or {}
+            entry = {**held, **by_ref}
+            weight = sum(_row_bytes(row) for rows in entry.values() for row in rows)
+            self._cells.put(name, stamp, entry, weight + 64 * len(entry))
+        if not plan.cached:
+            return stored
+        return [*stored, *(row for rows in plan.cached.values() for row in rows)]
+
+
+def _row_bytes(row: StoredCell) -> int:
+    """About what a stored cell's row holds in memory: its tuple and numbers, its sketches'
+    bytes and its key."""
+    size = 200 + sum(map(len, row.sketches or ()))
+    return size + (0 if row.key is None else sum(len(part) + 50 for part in row.key))
 
 
 class SpeedPointCache:

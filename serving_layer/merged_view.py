@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import replace
 from functools import partial
 from itertools import chain, groupby
 from operator import add, attrgetter
@@ -26,16 +25,14 @@ from typing import Any, NamedTuple, TypeVar
 import orjson
 
 from serving_layer.batch_view import BatchViewReader, StoredCell
-from serving_layer.caches import ReadsInFlight, SpeedPointCache, StampedCache
+from serving_layer.caches import LiveCells, ReadsInFlight, SpeedPointCache, StampedCache
 from serving_layer.errors import BatchViewUnreachable, TooManyCells
 from serving_layer.pools import AsyncDb
 from serving_layer.read_plan import (
     Answer,
-    CachedCells,
     Group,
     KeySeriesPlan,
     RankedGroups,
-    ReadPlan,
     SeriesRows,
     SlicedPlan,
     SpeedRead,
@@ -52,8 +49,6 @@ from shared.config import Settings
 from shared.metric_plan import MetricPlan
 from shared.speed_view import AsyncRedis, SpeedViewReader, decode_key, encode_key
 from shared.windows import CellRef, WindowPlan, point_source
-
-PlanT = TypeVar("PlanT", bound=ReadPlan)
 
 WindowKey = TypeVar("WindowKey", int, Window)
 """How a shape names its windows in its caches: by start (one size), or `[start, end)`."""
@@ -106,9 +101,8 @@ class MergedView:
         window -> its point per group."""
         self.tops = StampedCache(settings.serving.cache_points)
         """Rankings of batch-only `top` windows per (metric, window, start, by, selection)."""
-        self.cells = StampedCache(settings.serving.live_cells_cache_bytes)
-        """Stored cells of windows reaching past W per answer, valid for one served stamp:
-        cell -> its rows (`ReadPlan.live_refs`), weighed in bytes."""
+        self.cells = LiveCells(settings.serving.live_cells_cache_bytes)
+        """Stored cells of windows reaching past W per answer, valid for one served stamp."""
         self.speed_points = SpeedPointCache(settings.serving.speed_cache_bytes)
         """Rendered points of windows reaching past W, by content."""
         self.reads = ReadsInFlight()
@@ -129,12 +123,12 @@ class MergedView:
         plan, stored = await self.batch.guarded(
             db,
             metric,
-            lambda served: self._with_cached(
+            lambda served: self.cells.with_cached(
                 name,
                 KeySeriesPlan.of(metric, key, window_ms, starts, served, self._known(name, served)),
             ),
         )
-        stored = self._keep_cells(name, plan, stored)
+        stored = self.cells.keep(name, plan, stored)
         read = plan.speed_read
         encoded = encode_key(key)
         if read.starts:
@@ -194,7 +188,7 @@ class MergedView:
             )
             if plan.misses_batch_points and not reading.claim():
                 return plan.deferring()
-            return self._with_cached(name, plan)
+            return self.cells.with_cached(name, plan)
 
         try:
             while True:
@@ -202,7 +196,7 @@ class MergedView:
                 plan, stored = await self.batch.guarded(db, metric, plan_for)
                 if not plan.deferred:
                     break
-            stored = self._keep_cells(name, plan, stored)
+            stored = self.cells.keep(name, plan, stored)
             speed = await self._read_speed(metric, plan.speed_read)
             _check_cells(len(stored) + speed.states, max_cells)
             cells = GroupedCells(stored, speed, selection, bool(metric.kinds))
@@ -244,7 +238,7 @@ class MergedView:
         plan, stored = await self.batch.guarded(
             db,
             metric,
-            lambda served: self._with_cached(
+            lambda served: self.cells.with_cached(
                 name,
                 TopPlan.of(
                     metric,
@@ -258,7 +252,7 @@ class MergedView:
                 ),
             ),
         )
-        stored = self._keep_cells(name, plan, stored)
+        stored = self.cells.keep(name, plan, stored)
         if not plan.served.reachable and plan.window.batch_cells:
             raise BatchViewUnreachable()  # rule 12: a window before W needs the batch view
         speed = await self._read_speed(metric, plan.speed_read)
@@ -346,38 +340,6 @@ class MergedView:
                 cache.put(content, point, len(data) + sum(map(len, states)))
             if isinstance(point, orjson.Fragment):
                 yield point
-
-    def _with_cached(self, name: Hashable, plan: PlanT) -> PlanT:
-        """`plan` reading none of its live cells that an earlier read of answer `name` under
-        the same served stamp kept (`cells`)."""
-        held: CachedCells | None = self.cells.get(name, plan.served.stamp)
-        if not held:
-            return plan
-        cached = {ref: held[ref] for ref in plan.live_refs if ref in held}
-        return replace(plan, cached=cached) if cached else plan  # type: ignore[type-var]
-
-    def _keep_cells(
-        self, name: Hashable, plan: ReadPlan, stored: list[StoredCell]
-    ) -> list[StoredCell]:
-        """Every row of the plan's cells: those read now and those cached; the live cells
-        read now kept for the plan's stamp (a cell without a row too: none is stored)."""
-        stamp, live = plan.served.stamp, plan.live_refs
-        if stamp is None or not plan.served.reachable or not live:
-            return stored
-        fresh = [ref for ref in live if ref not in plan.cached]
-        if fresh:
-            by_ref: dict[CellRef, list[StoredCell]] = {ref: [] for ref in fresh}
-            for row in stored:
-                rows = by_ref.get(row.ref)
-                if rows is not None:
-                    rows.append(row)
-            held: CachedCells = self.cells.get(name, stamp) or {}
-            entry = {**held, **by_ref}
-            weight = sum(_row_bytes(row) for rows in entry.values() for row in rows)
-            self.cells.put(name, stamp, entry, weight + 64 * len(entry))
-        if not plan.cached:
-            return stored
-        return [*stored, *(row for rows in plan.cached.values() for row in rows)]
 
     def _known(self, name: Hashable, served: ServedRow) -> Mapping[Any, WindowPoints]:
         """The batch-only points cached for answer `name` under the served row's stamp, by
@@ -598,13 +560,6 @@ def _ranked_speed_states(
             group.append(cell)
             added += 1
     return added
-
-
-def _row_bytes(row: StoredCell) -> int:
-    """About what a stored cell's row holds in memory: its tuple and numbers, its sketches'
-    bytes and its key."""
-    size = 200 + sum(map(len, row.sketches or ()))
-    return size + (0 if row.key is None else sum(len(part) + 50 for part in row.key))
 
 
 def batch_status(served: ServedRow) -> str:
