@@ -252,7 +252,7 @@ def _session_cells(inputs: DataFrame, metrics: Sequence[MetricPlan], tasks: int)
     `sessions` part, and base-bucket rows (of the bucket of its first event) of the metric,
     of `sessions` (one session, its duration) and, for a session of one event, of `bounces`,
     which `cells_of` merges per bucket like any base cells."""
-    owners = [m for m in metrics if m.sessions is not None and m.session_part is None]
+    owners = [m for m in metrics if m.holds_sessions]
     rules = {m.name: m.sessions.rule for m in owners if m.sessions is not None}
     columns = _sketch_columns(metrics)
     names = [name for _, _, name in columns]
@@ -321,19 +321,22 @@ def with_rollups(base: DataFrame, metrics: Sequence[MetricPlan]) -> DataFrame:
     if not rollups:
         return base
 
+    bucketed = F.col("window_ms") != F.lit(SESSION_WINDOW_MS)
+
     def as_rows(parent: MetricPlan) -> Column:
         rows = [F.struct(F.lit(parent.name).alias("metric"), F.col("key").alias("key"))]
-        rows += [
-            F.struct(
+        for r in rollups:
+            if r.rollup is None or r.rollup.parent != parent.name:
+                continue
+            row = F.struct(
                 F.lit(r.name).alias("metric"),
                 F.array(*[F.col("key")[i] for i in r.rollup.positions])
                 .cast("array<string>")
                 .alias("key"),
             )
-            for r in rollups
-            if r.rollup is not None and r.rollup.parent == parent.name
-        ]
-        return F.array(*rows)
+            # a session's own cell (window 0) has no rollup: a session metric's rolls up buckets
+            rows.append(F.when(bucketed, row) if r.rollup.of_sessions else row)
+        return F.filter(F.array(*rows), lambda row: row.isNotNull())
 
     rest = [c for c in base.columns if c not in ("metric", "key")]
     owners = [m for m in metrics if m.rollup is None]  # read plans and session parts

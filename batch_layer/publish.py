@@ -548,7 +548,9 @@ def expiries(plans: Iterable[MetricPlan], watermarks: Mapping[str, int | None]) 
             kept_from = plan.windows.kept_from(size, watermarks.get(plan.name))
             if kept_from is None:
                 continue
-            session = plan.sessions is not None and size == plan.base_window_ms
+            session = (
+                plan.sessions is not None and plan.rollup is None and size == plan.base_window_ms
+            )
             found.append(Expiry(plan, (size, SESSION_WINDOW_MS) if session else (size,), kept_from))
     return found
 

@@ -316,9 +316,10 @@ def plan_run(
             )
         for name, since in _sessions_from(settings, spark, snapshot, served).items():
             recompute_from[name] = min(since, recompute_from.get(name, since))
-        for metric in settings.plans.values():  # a session part is recomputed with its metric
-            if metric.session_part is not None and metric.session_part.parent in recompute_from:
-                recompute_from[metric.name] = recompute_from[metric.session_part.parent]
+        for metric in settings.plans.values():  # parts and rollups recompute with their parent
+            parent = metric.session_part or metric.rollup
+            if parent is not None and parent.parent in recompute_from:
+                recompute_from[metric.name] = recompute_from[parent.parent]
         removed = _seeds_removed(settings, served, recompute_from)
         if removed:
             log.info(
@@ -384,7 +385,7 @@ def _sessions_from(
     recompute_from: dict[str, int] = {}
     for source in settings.sources:
         plans = settings.plans_of(source)
-        owners = [m for m in plans if m.sessions is not None and m.session_part is None]
+        owners = [m for m in plans if m.holds_sessions]
         if not owners:
             continue
         ends = {int(p): o for p, o in snapshot[source.topic].items()}
@@ -409,7 +410,7 @@ def _seeds_removed(
     removed = []
     for metric in settings.plans.values():
         since = recompute_from.get(metric.name)
-        if metric.sessions is None or metric.session_part is not None or since is None:
+        if metric.sessions is None or not metric.holds_sessions or since is None:
             continue
         watermark = served.watermark(metric.name, metric.version)
         kept_from = metric.windows.kept_from(metric.base_window_ms, watermark)
@@ -429,7 +430,7 @@ def _session_seeds(
     seeds: dict[str, dict[tuple[str, ...], int]] = {}
     for metric in settings.plans.values():
         since = recompute_from.get(metric.name)
-        if metric.sessions is None or metric.session_part is not None or since is None:
+        if not metric.holds_sessions or since is None:
             continue
         part = settings.plans[session_part_name(metric.name, "sessions")]
         found = boundary_sessions(conn, served.generation, metric, part, since)

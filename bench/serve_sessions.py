@@ -25,6 +25,12 @@ distributed: a few send most events, cut into sessions of up to 4 h; most send a
   p99 at 5 req/s (no target: reported);
 - `top`: the users with the most sessions in the last whole day, closed loop.
 
+`--sessions N` (the case of 1,000,000) ends the history 3 h earlier and, after the run,
+produces N sessions of users of their own in those 3 h, after W: the total series then reads
+the speed view's totals per bucket (rule 13) where it read every user's cells; it checks the
+total counts them all, and prints the totals' Redis memory per bucket and partition beside a
+key's cell.
+
 Before measuring, it checks the answers are whole: every drawn user's sessions are listed
 (none past `limit`), their sources include both views, and one user's series counts as many
 sessions as its list holds. `--profile DIR` records the server with py-spy during each
@@ -68,6 +74,7 @@ from shared.db.connect import connect  # noqa: E402
 from shared.db.migrate import upgrade  # noqa: E402
 from shared.db.runs import RunRequest, queue_run  # noqa: E402
 from shared.kafka import admin_client, create_topics  # noqa: E402
+from shared.speed_view.keys import cell_pattern  # noqa: E402
 from tests.conftest import drop_database  # noqa: E402
 from tests.speed.support import end_offsets  # noqa: E402
 
@@ -106,6 +113,54 @@ def produced(settings: Settings, newest: int, events: int) -> Counter[str]:
     spec = GeneratorSpec(newest - 26 * HOUR, newest, events, keyed_by_user=True)
     produce(settings.kafka.bootstrap_servers, settings.sources[0].topic, counted(generate(spec)))
     return users
+
+
+SPEED_ERA = 3 * HOUR
+"""With `--sessions`: the history ends this long before now, and the extra sessions fill it."""
+
+
+def produced_sessions(settings: Settings, newest: int, sessions: int) -> int:
+    """`sessions` sessions of users of their own (`s<i>`, 1 to 3 events a few minutes apart)
+    over the `SPEED_ERA` before `newest`, after the history's W, produced in time order (so
+    none is late) once the run is done: the speed era a total series reads. Returns the
+    events produced."""
+    rng = random.Random(11)
+    events = []
+    for i in range(sessions):
+        first = newest - SPEED_ERA + rng.randrange(SPEED_ERA - 20 * MINUTE)
+        at = first
+        for n in range(1 + i % 3):
+            events.append((at, i, n))
+            at += rng.randrange(1_000, 5 * MINUTE)
+    events.sort()
+
+    def records() -> Iterator[SampleRecord]:
+        for ts, i, n in events:
+            body = {"ts": ts, "event_id": f"s{i}-{n}", "user_id": f"s{i}", "latency_ms": 10.0 + n}
+            yield SampleRecord(f"s{i}".encode(), orjson.dumps(body))
+
+    return produce(settings.kafka.bootstrap_servers, settings.sources[0].topic, records())
+
+
+def totals_memory(store: redis.Redis, settings: Settings) -> str:
+    """The Redis memory of the session metric's totals (the three rollups `[]`, the
+    durations' multiset included) per bucket and partition, beside its keys' own cells per
+    key, as `MEMORY USAGE` counts them."""
+    totals: list[int] = []
+    per_key: list[float] = []
+    for plan in settings.plans.values():
+        pattern = cell_pattern(plan.source.topic, plan.name, plan.version)
+        for name in store.scan_iter(match=pattern, count=1000):
+            used = int(store.memory_usage(name, samples=0) or 0)
+            if plan.rollup is not None:
+                totals.append(used)
+            elif plan.session_part is None and (fields := store.hlen(name)):
+                per_key.append(used / fields)
+    per_total = sum(totals) / max(1, len(totals))
+    return (
+        f"totals_bytes_per_bucket_partition={per_total:.0f} totals_hashes={len(totals)} "
+        f"key_cell_bytes_per_key={sum(per_key) / max(1, len(per_key)):.0f}"
+    )
 
 
 def full_run(settings: Settings) -> float:
@@ -217,8 +272,12 @@ async def measure(
     )
     total = series_path(day, None)
     started = clock()
-    await fetch_json(client, total)
+    answer = await fetch_json(client, total)
     total_first_ms = (clock() - started) * 1000
+    counted = sum(p["sessions"] for p in answer["points"] if p["source"] == "speed")
+    if counted < args.sessions:
+        raise SystemExit(f"the total counts {counted} sessions after W, not {args.sessions}")
+    print(f"check: the total series counts {counted} sessions in its speed windows", flush=True)
     with profiled(profile, server_pid, 1, "total_series"):
         total_p99, total_rps, e3 = await open_loop(
             client, lambda: total, args.total_rate, 20 * scale
@@ -252,7 +311,13 @@ def main() -> None:
     parser.add_argument("--events", type=int, help="events produced (400k; --quick 150k)")
     parser.add_argument("--sessions-rate", type=float, default=200)
     parser.add_argument("--series-rate", type=float, default=100)
-    parser.add_argument("--total-rate", type=float, default=5)
+    parser.add_argument("--total-rate", type=float, default=20)
+    parser.add_argument(
+        "--sessions",
+        type=int,
+        default=0,
+        help="sessions of users of their own produced after W (the issue's case: 1000000)",
+    )
     parser.add_argument("--profile", metavar="DIR", help="py-spy the server per scenario")
     args = parser.parse_args()
 
@@ -291,10 +356,14 @@ def run(
     newest = int(time.time() * 1000) // MINUTE * MINUTE
     events = args.events or (150_000 if args.quick else 400_000)
     began = time.monotonic()
-    users = produced(settings, newest, events)
+    history_end = newest - SPEED_ERA if args.sessions else newest
+    users = produced(settings, history_end, events)
     log(f"produced {sum(users.values())} records of {len(users)} users")
     produced_s = time.monotonic() - began
     run_s = full_run(settings)
+    if args.sessions:
+        extra = produced_sessions(settings, newest, args.sessions)
+        log(f"produced {args.sessions} sessions after W ({extra} events)")
     topic = settings.sources[0].topic
     ends = end_offsets(settings.kafka.bootstrap_servers, topic, PARTITIONS)
     with tempfile.TemporaryDirectory() as tmp:
@@ -304,7 +373,7 @@ def run(
         env["LAMBDA_CONFIG"] = str(config_path)
         env["PYTHONPATH"] = str(ROOT)
         began = time.monotonic()
-        worker = measure_worker(env, store, topic, ends, 600).worker
+        worker = measure_worker(env, store, topic, ends, 600 + args.sessions // 1000).worker
         try:
             log(
                 f"load: produced in {produced_s:.0f} s, full run {run_s:.0f} s, the speed "
@@ -317,7 +386,12 @@ def run(
                 gc.freeze()  # the generator's own GC pauses would be charged to the server
                 drawn = [user for user, _ in users.most_common(DRAWN_USERS)]
                 fields = uvloop.run(measure(args, port, server.pid, newest, drawn))
-                print(f"BENCH serve_sessions events={events} {fields}", flush=True)
+                memory = totals_memory(store, settings)
+                print(
+                    f"BENCH serve_sessions events={events} sessions_after_w={args.sessions} "
+                    f"{fields} {memory}",
+                    flush=True,
+                )
             finally:
                 server.terminate()
                 server.wait(10)

@@ -386,10 +386,9 @@ class MetricConfig(_Strict):
                 "a session metric needs a key: the session key whose events form sessions, "
                 "e.g. key: [user_id]"
             )
-        if self.session is not None and self.rollups:
+        if self.session is not None and () in self.rollups:
             raise ValueError(
-                "a session metric takes no rollups; a query merges its keys (group_by, or no "
-                "key dimension at all)"
+                "rollup [] is always kept for a session metric (its total per bucket); drop it"
             )
         return self
 

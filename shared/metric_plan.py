@@ -69,6 +69,12 @@ class MetricPlan:
     metric's sessions."""
 
     @property
+    def holds_sessions(self) -> bool:
+        """A session metric itself, whose keys' sessions both layers cut (not one of its parts
+        or rollups, which share its window kind but are built from what it holds)."""
+        return self.sessions is not None and self.session_part is None and self.rollup is None
+
+    @property
     def base_window_ms(self) -> int:
         """The smallest window: the cell size both layers store."""
         return self.windows.base_ms
@@ -126,6 +132,9 @@ class Rollup:
     dims: tuple[str, ...]
     positions: tuple[int, ...]
     """Where each of `dims` sits in the parent's key."""
+    of_sessions: bool = False
+    """Its parent is a session metric or one of its parts (rule 13): the speed layer keeps it
+    from the keys' sessions as they change (`speed_layer.session_totals`), not from events."""
 
     def project(self, key: tuple[str, ...]) -> tuple[str, ...]:
         """A parent key's rollup key."""
@@ -298,7 +307,7 @@ def compile_plan(
         grace_ms=metric.grace,
         sketch_inputs=inputs,
         fields_read=tuple(dict.fromkeys(inputs_read)),
-        rollups=metric.rollups,
+        rollups=metric.rollups if sessions is None else ((), *metric.rollups),
         definitions=definitions,
         lookups=lookups,
         sessions=sessions,
@@ -352,17 +361,30 @@ def _lookups(
 
 def compile_rollups(plan: MetricPlan) -> tuple[MetricPlan, ...]:
     """The plans of `plan`'s rollups: the parent's plan with the rollup's key, name and
-    version."""
+    version. A session metric's and its parts' rollups (a session metric always has its
+    total, `()`) keep its window kind (buckets, lateness, W) but hold no sessions: they are
+    built from its keys' bucket cells."""
+    part = None if plan.session_part is None else plan.session_part.part
     return tuple(
         replace(
             plan,
             name=rollup_name(plan.name, dims),
             version=_version(
-                plan.config, plan.source, dims, tuple(lookup.table for lookup in plan.lookups)
+                plan.config,
+                plan.source,
+                dims,
+                tuple(lookup.table for lookup in plan.lookups),
+                session_part=part,
             ),
             key=dims,
             rollups=(),
-            rollup=Rollup(plan.name, dims, tuple(plan.key.index(d) for d in dims)),
+            rollup=Rollup(
+                plan.name,
+                dims,
+                tuple(plan.key.index(d) for d in dims),
+                of_sessions=plan.sessions is not None,
+            ),
+            session_part=None,
         )
         for dims in plan.rollups
     )
@@ -422,7 +444,9 @@ def compile_plans(
         plan = compile_plan(metric, by_name[metric.source], tables)
         plans[plan.name] = plan
         plans.update((r.name, r) for r in compile_rollups(plan))
-        plans.update((p.name, p) for p in compile_session_parts(plan))
+        for part in compile_session_parts(plan):
+            plans[part.name] = part
+            plans.update((r.name, r) for r in compile_rollups(part))
     return MappingProxyType(plans)
 
 

@@ -58,6 +58,7 @@ from shared.speed_view.held import (
     event_lines,
     read_event_lines,
 )
+from speed_layer.session_totals import KeyChange, TotalsView, write_totals
 from speed_layer.sessions import (
     KeyUpdate,
     SessionSeeds,
@@ -120,14 +121,10 @@ _NO_TIME = -(2**63)
 """The stream time of a partition that has read no source-valid record yet."""
 
 
-class ViewState(Protocol):
+class ViewState(TotalsView, Protocol):
     """What deciding a batch reads of the speed view (`SpeedViewWriter` answers from Redis)."""
 
     def known_ids(self, requests: Mapping[str, Sequence[str]]) -> dict[str, list[bool]]: ...
-
-    def read_fields(
-        self, requests: Mapping[str, Sequence[bytes]]
-    ) -> dict[str, list[bytes | None]]: ...
 
     def read_strings(self, names: Sequence[str]) -> list[bytes | None]: ...
 
@@ -176,7 +173,7 @@ class SourceProcessor:
         self.session_plans = {
             m.name: SessionPlans.of(m, self.plan.metrics)
             for m in self.plan.metrics
-            if m.sessions is not None and m.session_part is None
+            if m.holds_sessions
         }
         self._seeded: dict[int, dict[str, str]] = {}
         """Per partition, the published run (its stamp) each session metric was last continued
@@ -306,11 +303,14 @@ def continue_from_seeds(
             needing.append((KeyWrite(plans, topic, partition, encoded), key_index, seed))
     names = [w.events_key(s.first) for w, key_index, _ in needing for s in key_index.sessions]
     strings = iter(view.read_strings(names))
+    changes = []
     for write, key_index, seed in needing:
         events_of = {s.first: read_event_lines(next(strings)) for s in key_index.sessions}
         update = reseeded(plans, key_index, events_of, seed, run.watermark)
         if update is not None:
             write.into(batch, update)
+            changes.append(KeyChange(decode_key(write.key), key_index, update))
+    write_totals(plans, topic, partition, changes, view, batch)
 
 
 def isolate_failures(
@@ -427,8 +427,9 @@ def decide(
     held: dict[int, dict[tuple[str, ...], list[HeldEvent]]] = {}
     for position, metric in enumerate(plan.metrics):
         name = metric.name
-        if metric.rollup is not None:
-            groups.append(_rolled_up(by_name[metric.rollup.parent], metric.rollup))
+        if metric.rollup is not None:  # a session metric's rollups are kept from its sessions
+            rollup = metric.rollup
+            groups.append({} if rollup.of_sessions else _rolled_up(by_name[rollup.parent], rollup))
             continue
         groups.append({})
         if metric.session_part is not None:  # its metric's sessions build its cells
@@ -583,9 +584,11 @@ def _written(
     stored = view.read_fields(requests)
     batch = ApplyBatch(_merged_cells(metrics, groups, folds, stored), ids)
     slow: list[tuple[KeyWrite, KeyIndex, int, list[HeldEvent]]] = []
+    changes: dict[str, tuple[SessionPlans, list[KeyChange]]] = {}
     for index, keys in added.items():
         metric = metrics[index]
         plans = SessionPlans.of(metric, metrics)
+        changed = changes.setdefault(metric.name, (plans, []))[1]
         held = sessions_key(topic, partition, metric.name, metric.version)
         for (key, events), data in zip(keys.items(), stored[held], strict=True):
             write = KeyWrite(plans, topic, partition, encode_key(key))
@@ -595,6 +598,7 @@ def _written(
                 slow.append((write, key_index, update.start, events))
             else:
                 write.into(batch, update)
+                changed.append(KeyChange(key, key_index, update))
     if slow:  # their sessions from the first one an event re-cuts, read in one round trip
         names = [
             [write.events_key(s.first) for s in key_index.sessions[start:]]
@@ -603,7 +607,12 @@ def _written(
         strings = iter(view.read_strings([name for some in names for name in some]))
         for write, key_index, start, events in slow:
             tail = {s.first: read_event_lines(next(strings)) for s in key_index.sessions[start:]}
-            write.into(batch, tail_update(write.plans, key_index, start, tail, events))
+            update = tail_update(write.plans, key_index, start, tail, events)
+            write.into(batch, update)
+            key = decode_key(write.key)
+            changes[write.plans.metric.name][1].append(KeyChange(key, key_index, update))
+    for plans, changed in changes.values():  # after the keys' cells, which a rebuild reads
+        write_totals(plans, topic, partition, changed, view, batch)
     return batch
 
 

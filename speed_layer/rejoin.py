@@ -47,6 +47,9 @@ class MemoryView:
     def read_fields(self, requests: Mapping[str, Sequence[bytes]]) -> dict[str, list[bytes | None]]:
         return {name: [self.hashes[name].get(f) for f in fs] for name, fs in requests.items()}
 
+    def read_hashes(self, names: Sequence[str]) -> dict[str, dict[bytes, bytes]]:
+        return {name: dict(self.hashes.get(name, {})) for name in names}
+
     def read_strings(self, names: Sequence[str]) -> list[bytes | None]:
         return [self.strings.get(name) for name in names]
 
@@ -144,7 +147,7 @@ class Recomputation:
         topic = self.plan.source.topic
         for metric in self.plan.metrics:
             run = seeds.get(metric.name)
-            if run is None or metric.sessions is None or metric.session_part is not None:
+            if run is None or not metric.holds_sessions:
                 continue
             batch = ApplyBatch()
             plans = SessionPlans.of(metric, self.plan.metrics)
@@ -258,7 +261,7 @@ async def rejoin_partition(
         w = watermarks.get(metric.name)
         w = since if w is None else w
         served_w.update({} if w is None else dict.fromkeys(cells, w))
-        if metric.sessions is not None and metric.session_part is None:
+        if metric.holds_sessions:
             index = sessions_key(topic, partition, metric.name, metric.version)
             stored[index] = (0, set(store.held_keys(topic, partition, metric)))
             strings += store.session_strings(topic, partition, metric)

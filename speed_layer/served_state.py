@@ -87,7 +87,7 @@ class ServedState:
         plans = self.settings.plans
         for plan in plans.values():
             watermark = watermarks.get(plan.name)
-            if plan.sessions is None or plan.session_part is not None or watermark is None:
+            if not plan.holds_sessions or watermark is None:
                 continue
             known = self.seeds.get(plan.name)
             if known is not None and known.stamp == stamp:

@@ -55,6 +55,9 @@ class KeyUpdate:
     written: dict[int, list[HeldEvent]] = field(default_factory=dict)
     removed: set[int] = field(default_factory=set)
     buckets: dict[int, list[HeldSession]] = field(default_factory=dict)
+    recut: bool = False
+    """The key's sessions were cut again (`_recut`): events may have left a bucket. Else its
+    sessions only gained events (`fast_update`)."""
 
 
 class SlowPath(NamedTuple):
@@ -206,7 +209,7 @@ def _recut(
     for time_ms, _, _ in events:
         chain.add(time_ms)
     old = {s.session: s for s in old_tail}
-    update = KeyUpdate(None)
+    update = KeyUpdate(None, recut=True)
     new_tail: list[HeldSession] = []
     position = 0
     for session in chain.sessions():

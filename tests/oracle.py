@@ -49,7 +49,7 @@ import time
 import uuid
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
@@ -287,7 +287,9 @@ def _metrics(config: dict[str, Any]) -> list[_Metric]:
             )
         )
         if metrics[-1].session is not None:
-            metrics += _session_parts(metrics[-1])
+            owners = [metrics[-1], *_session_parts(metrics[-1])]
+            metrics += owners[1:]
+            metrics += [replace(o, name=f"{o.name}[]", key=[], session_part=True) for o in owners]
     return metrics
 
 
@@ -784,11 +786,14 @@ def _accumulate(
                 sizes = [metric.base_ms] if base_only else metric.windows_ms
                 for size in sizes:
                     start = window_start(session.first, size)
-                    for fields in inside:
-                        _add(accs, (name, size, start, key), fields)
-                    _add(accs, (f"{name}(sessions)", size, start, key), part)
-                    if session.events == 1:
-                        _add(accs, (f"{name}(bounces)", size, start, key), (key, None, {}, None))
+                    # each key's cell, and the metric's total ([]: its rollup over every key)
+                    for at, rolled in ((key, ""), ((), "[]")):
+                        for fields in inside:
+                            _add(accs, (f"{name}{rolled}", size, start, at), fields)
+                        _add(accs, (f"{name}(sessions){rolled}", size, start, at), part)
+                        if session.events == 1:
+                            bounce = (at, None, {}, None)
+                            _add(accs, (f"{name}(bounces){rolled}", size, start, at), bounce)
                 if not base_only:  # the session itself, stored as a cell of window 0
                     for fields in inside:
                         _add(accs, (name, 0, session.first, key), fields)

@@ -12,6 +12,7 @@ from shared.aggregations import DEFAULT_RENDER, CellState, decode_state, merge_s
 from shared.config import Settings
 from shared.db.cells import state_of_columns
 from shared.speed_view import SyncRedis, redis_client
+from shared.speed_view.held import DURATIONS_PREFIX
 from shared.speed_view.keys import cell_key, cell_of_key, cell_pattern, decode_key
 from shared.windows import window_start
 
@@ -45,6 +46,8 @@ def speed_cells_of(settings: Settings, stored: Mapping[str, Mapping[bytes, bytes
             if name != cell_key(topic, partition, metric.name, metric.version, start):
                 continue
             for encoded, blob in fields.items():
+                if encoded.startswith(DURATIONS_PREFIX):  # what a session total is kept from
+                    continue
                 state = decode_state(blob)
                 for size in metric.windows_ms:
                     states[(size, window_start(start, size), decode_key(encoded))].append(state)

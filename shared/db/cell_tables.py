@@ -226,7 +226,8 @@ def split_windows(plans: Iterable[MetricPlan]) -> dict[int, int]:
 def stored_windows(plan: MetricPlan) -> set[int]:
     """The windows of the cells the batch view stores for `plan` (window 0 for a session
     metric's sessions)."""
-    return {*plan.windows_ms, *((SESSION_WINDOW_MS,) if plan.sessions is not None else ())}
+    stores_sessions = plan.sessions is not None and plan.rollup is None
+    return {*plan.windows_ms, *((SESSION_WINDOW_MS,) if stores_sessions else ())}
 
 
 def add_time_ranges(

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import NamedTuple
 
+import numpy as np
 import orjson
 
 from shared.aggregations import CellState, decode_state, encode_state, fold_inputs, merge_states
-from shared.metric_plan import MetricPlan, session_part_name
+from shared.metric_plan import MetricPlan, rollup_name, session_part_name
 from shared.sessions import Session
 
 HeldEvent = tuple[int, float | None, tuple[str | float, ...]]
@@ -99,23 +100,85 @@ class KeyIndex(NamedTuple):
         return cls(seed, tuple(sessions))
 
 
-@dataclass(frozen=True)
-class SessionPlans:
-    """A session metric's plan and its parts' (`compile_session_parts`), whose states are
-    built together from the same sessions."""
+DURATIONS_PREFIX = b"#"
+"""Before a rolled-up key's encoding (`encode_key`, a JSON array: never this byte), the field of
+a session metric's `sessions` rollup hash holding that key's `DurationCounts`: what its total
+is rebuilt from when a session's duration changes. Readers of every key of a hash skip it."""
+
+
+class DurationCounts(dict[int, int]):
+    """The sessions of one bucket and rolled-up key as a multiset of their durations (ms ->
+    how many): exact and retractable, unlike the sketch a total keeps of them."""
+
+    @classmethod
+    def of(cls, sessions: Iterable[HeldSession]) -> DurationCounts:
+        counts = cls()
+        for held in sessions:
+            duration = held.last - held.first
+            counts[duration] = counts.get(duration, 0) + 1
+        return counts
+
+    def encode(self) -> bytes:
+        durations = np.fromiter(self.keys(), np.int64, len(self))
+        counts = np.fromiter(self.values(), np.int64, len(self))
+        return _COUNT.pack(len(self)) + durations.tobytes() + counts.tobytes()
+
+    @classmethod
+    def decode(cls, data: bytes | None) -> DurationCounts:
+        if not data:
+            return cls()
+        (n,) = _COUNT.unpack_from(data)
+        durations = np.frombuffer(data, np.int64, n, _COUNT.size)
+        counts = np.frombuffer(data, np.int64, n, _COUNT.size + 8 * n)
+        return cls(zip(durations.tolist(), counts.tolist(), strict=True))
+
+    def durations(self) -> list[float]:
+        """Every session's duration, as the `sessions` part folds them."""
+        durations = np.fromiter(self.keys(), np.float64, len(self))
+        counts = np.fromiter(self.values(), np.int64, len(self))
+        return np.repeat(durations, counts).tolist()
+
+
+class SessionTotals(NamedTuple):
+    """One rollup of a session metric (its total: dims `()`) as the rollup plans of the metric
+    and of its two parts."""
 
     metric: MetricPlan
     sessions: MetricPlan
     bounces: MetricPlan
 
+
+@dataclass(frozen=True)
+class SessionPlans:
+    """A session metric's plan and its parts' (`compile_session_parts`), whose states are
+    built together from the same sessions, and its rollups' (`totals`), kept from them."""
+
+    metric: MetricPlan
+    sessions: MetricPlan
+    bounces: MetricPlan
+    totals: tuple[SessionTotals, ...] = ()
+
     @classmethod
     def of(cls, metric: MetricPlan, plans: Iterable[MetricPlan]) -> SessionPlans:
         by_name = {p.name: p for p in plans}
-        return cls(
-            metric,
-            by_name[session_part_name(metric.name, "sessions")],
-            by_name[session_part_name(metric.name, "bounces")],
+        sessions = by_name[session_part_name(metric.name, "sessions")]
+        bounces = by_name[session_part_name(metric.name, "bounces")]
+        owners = (metric, sessions, bounces)
+        totals = tuple(
+            SessionTotals(*(by_name[rollup_name(p.name, dims)] for p in owners))
+            for dims in metric.rollups
+            if rollup_name(metric.name, dims) in by_name
         )
+        return cls(metric, sessions, bounces, totals)
+
+    def durations_state(self, counts: DurationCounts) -> CellState | None:
+        """The `sessions` part's state of sessions of these durations (None: no session)."""
+        if not counts:
+            return None
+        durations = counts.durations()
+        part = self.sessions
+        slots = [durations] * len(part.kinds)
+        return fold_inputs(part.kinds, None, durations, slots, len(durations))
 
     def folded(self, state: CellState | None, events: Sequence[HeldEvent]) -> CellState:
         """`state` (None: empty) with the metric's aggregations of `events` folded in."""
@@ -132,11 +195,14 @@ class SessionPlans:
         durations, the bounces (sessions of one event)."""
         if not sessions:
             return ((self.metric, None), (self.sessions, None), (self.bounces, None))
-        durations = [float(s.last - s.first) for s in sessions]
         bounces = sum(1 for s in sessions if s.events == 1)
-        part, slots = self.sessions, [durations] * len(self.sessions.kinds)
         return (
             (self.metric, merge_states(self.metric.kinds, [s.state for s in sessions])),
-            (part, fold_inputs(part.kinds, None, durations, slots, len(durations))),
-            (self.bounces, fold_inputs((), None, None, [], bounces) if bounces else None),
+            (self.sessions, self.durations_state(DurationCounts.of(sessions))),
+            (self.bounces, bounces_state(bounces)),
         )
+
+
+def bounces_state(bounces: int) -> CellState | None:
+    """The `bounces` part's state of that many one-event sessions (None: none)."""
+    return fold_inputs((), None, None, [], bounces) if bounces > 0 else None

@@ -13,7 +13,9 @@ Every key a source partition's fenced apply writes carries that partition's hash
   lost its data (rule 9).
 - `lp:cell:{<topic>:<partition>}:<metric>:<version>:<start_ms>` — hash {key JSON -> state
   bytes (`shared.aggregations.encode_state`)}: one base cell's states for one source
-  partition, written only by that partition's owner.
+  partition, written only by that partition's owner. A session metric's `sessions` rollup
+  also holds, per rolled-up key, `#<key JSON>` -> its durations' multiset
+  (`held.DurationCounts`), which readers of every key skip.
 - `lp:sessions:{<topic>:<partition>}:<metric>:<version>` — hash {key JSON -> index}: a
   session metric's sessions of one source partition, per key (rule 13; `held.KeyIndex`).
 - `lp:sevents:{<topic>:<partition>}:<metric>:<version>:<sha1 of the key JSON>:<first>` — string:
@@ -82,15 +84,21 @@ def session_events_key(
     return f"lp:sevents:{partition_tag(topic, partition)}:{metric}:{version}:{digest}:{first_ms}"
 
 
+def _literal(name: str) -> str:
+    """A name as it matches itself in a SCAN pattern: a rollup's brackets (`views[country]`)
+    are a character class in Redis's glob unless escaped."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in name)
+
+
 def session_events_pattern(topic: str, partition: int, metric: str, version: str) -> str:
     """A SCAN pattern for a session metric version's event strings of one partition."""
-    return f"lp:sevents:{partition_tag(topic, partition)}:{metric}:{version}:*"
+    return f"lp:sevents:{partition_tag(topic, partition)}:{_literal(metric)}:{version}:*"
 
 
 def cell_pattern(topic: str, metric: str, version: str, partition: int | None = None) -> str:
     """A SCAN pattern for a metric version's sub-cells (of one partition, or all)."""
     tag = partition_tag(topic, "*" if partition is None else partition)
-    return f"lp:cell:{tag}:{metric}:{version}:*"
+    return f"lp:cell:{tag}:{_literal(metric)}:{version}:*"
 
 
 def cell_of_key(key: str) -> tuple[int, int]:

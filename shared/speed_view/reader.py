@@ -18,6 +18,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from shared.metric_plan import MetricPlan
 from shared.speed_view.client import REDIS_FAILURES, AsyncRedis, SyncRedis
+from shared.speed_view.held import DURATIONS_PREFIX
 from shared.speed_view.keys import (
     EPOCH_KEY,
     REBUILDING_KEY,
@@ -200,7 +201,8 @@ class SpeedViewReader:
             if reply:
                 cell = by_start.setdefault(starts[n // partitions], {})
                 for encoded, state in reply.items():
-                    cell.setdefault(encoded, []).append(state)
+                    if not encoded.startswith(DURATIONS_PREFIX):
+                        cell.setdefault(encoded, []).append(state)
         return status, by_start
 
     async def read_held(self, plan: MetricPlan, key: bytes) -> tuple[str, list[bytes]]:
@@ -223,7 +225,8 @@ class SpeedViewReader:
     async def read_fields(self, plan: MetricPlan, starts: Sequence[int]) -> tuple[str, set[bytes]]:
         """Status and the encoded keys present in the given base cells."""
         status, replies = await self._each_sub_cell("hkeys", plan, starts)
-        return status, {name for reply in replies for name in reply}
+        keys = {name for reply in replies for name in reply}
+        return status, {k for k in keys if not k.startswith(DURATIONS_PREFIX)}
 
 
 STATUS_KEYS = (EPOCH_KEY, REBUILDING_KEY)

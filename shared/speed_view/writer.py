@@ -127,6 +127,13 @@ class SpeedViewWriter:
             pipe.hmget(name, list(requests[name]))
         return dict(zip(names, pipe.execute(), strict=True))
 
+    def read_hashes(self, names: Sequence[str]) -> dict[str, dict[bytes, bytes]]:
+        """Every field of each hash (HGETALL each, one round trip)."""
+        pipe = self._client.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(name)
+        return dict(zip(names, pipe.execute(), strict=True))
+
     def read_strings(self, names: Sequence[str]) -> list[bytes | None]:
         """The given strings (a session's events), one round trip."""
         if not names:
@@ -230,7 +237,7 @@ class SpeedViewWriter:
         keys = [fence_key(topic, partition), *self._scan(ids_pattern(topic, partition))]
         for plan in plans:
             keys += self._scan(cell_pattern(topic, plan.name, plan.version, partition))
-            if plan.sessions is not None and plan.session_part is None:
+            if plan.holds_sessions:
                 keys.append(sessions_key(topic, partition, plan.name, plan.version))
                 keys += self.session_strings(topic, partition, plan)
         return keys

@@ -341,7 +341,8 @@ def test_sessions_of_any_split_into_batches_match_the_oracle(
     assert late == expected.late["user_sessions"]
     if watermark is None:  # the sample has what the rule is about
         parts = {c[0] for c in want}
-        assert parts == {"user_sessions", "user_sessions(sessions)", "user_sessions(bounces)"}
+        owners = {"user_sessions", "user_sessions(sessions)", "user_sessions(bounces)"}
+        assert parts == owners | {f"{name}[]" for name in owners}, "each with its total"
         sessions = [v for c, v in want.items() if c[0] == "user_sessions(sessions)"]
         assert max(v["max"] for v in sessions) >= 8 * MINUTE  # cut near max_duration
 

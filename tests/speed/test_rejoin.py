@@ -44,9 +44,12 @@ def test_a_session_metric_joining_the_table_is_recomputed_with_its_parts() -> No
         "views_by_section",
         "views_by_owner",
         "user_sessions",
+        "user_sessions[]",
         "user_sessions(sessions)",
+        "user_sessions(sessions)[]",
         "user_sessions(bounces)",
-    ]
+        "user_sessions(bounces)[]",
+    ], "with their totals"
     assert "user_sessions" not in {
         m.name for m in rejoined_plan(_plan(USER_SESSIONS), {"pages"}).metrics
     }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from shared.speed_view import (
@@ -48,3 +50,21 @@ def test_apply_compares_and_sets_the_fence(platform: Platform) -> None:
     assert store.read_fence(topic, 0) == Fence(None, None)
     assert store.apply(topic, 0, Fence(None, None), Fence(60, 1, "d"), ApplyBatch()) == APPLIED
     assert store.read_fence(topic, 0) == Fence(60, 1, "d")
+
+
+def test_the_scans_find_a_rollups_sub_cells_by_their_literal_name(platform: Platform) -> None:
+    """Cleanup, rebuild and the rejoin find sub-cells by a SCAN pattern; a rollup's name holds
+    brackets, a character class in Redis's glob: `views[c]` must not match `viewsc` and must
+    match itself (unescaped, it matched neither way round)."""
+    client = redis_client(platform.settings.redis)
+    store = SpeedViewWriter(client, 86_400)
+    plan = next(iter(platform.settings.plans.values()))
+    rollup = replace(plan, name=f"{plan.name}[c]")
+    topic = plan.source.topic
+    mine = cell_key(topic, 1, rollup.name, plan.version, 60_000)
+    other = cell_key(topic, 1, f"{plan.name}c", plan.version, 60_000)
+    client.hset(mine, "k", "s")
+    client.hset(other, "k", "s")
+    assert store.sub_cells(rollup) == [(mine, 60_000, 1)]
+    assert mine in store.partition_keys(topic, 1, [rollup])
+    assert other not in store.partition_keys(topic, 1, [rollup])

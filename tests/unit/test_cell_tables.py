@@ -141,7 +141,17 @@ def test_plans_are_grouped_by_retention_and_each_group_splits_what_it_retains() 
     clicks = {**VIEWS, "name": "clicks", "rollups": []}
     groups = retention_groups(_plans([VIEWS, TOTALS, VISITS, clicks]))
     assert [(g.name, sorted(g.plans)) for g in groups] == [
-        ("r0", ["visits", "visits(bounces)", "visits(sessions)"]),
+        (
+            "r0",
+            [
+                "visits",
+                "visits(bounces)",
+                "visits(bounces)[]",
+                "visits(sessions)",
+                "visits(sessions)[]",
+                "visits[]",
+            ],
+        ),
         ("r1", ["clicks", "views", "views[]"]),
         (REST, []),  # the plans keeping every window forever, and any metric no group lists
     ]

@@ -297,7 +297,19 @@ def test_a_session_metric_has_two_parts_of_their_own_built_from_its_sessions() -
         session=session,
     )
     plans = compile_plans((source,), (visits,))
-    assert list(plans) == ["visits", "visits(sessions)", "visits(bounces)"]
+    assert list(plans) == [
+        "visits",
+        "visits[]",
+        "visits(sessions)",
+        "visits(sessions)[]",
+        "visits(bounces)",
+        "visits(bounces)[]",
+    ], "each with its total per bucket"
+    totals = [plans[n] for n in plans if n.endswith("[]")]
+    assert all(t.key == () and not t.holds_sessions and t.rollup for t in totals)
+    assert all(t.sessions == plans["visits"].sessions for t in totals), "its window kind"
+    assert all(t.rollup is not None and t.rollup.of_sessions for t in totals)
+    assert len({t.version for t in totals}) == 3
     assert [p.name for p in read_plans(plans.values())] == ["visits"], "parts are not read"
     parts = [plans["visits(sessions)"], plans["visits(bounces)"]]
     assert parts[0].output_names == ("count", "sum", "max", "p50", "p90", "p99")
