@@ -398,8 +398,9 @@ class BatchViewReader:
         end: int,
         prefix: str | None,
         selection: Selection,
-    ) -> tuple[int | None, set[tuple[str, ...]]]:
-        """W and the keys passing the filters with a base cell in `[start, end)` before W."""
+    ) -> tuple[ServedRow, frozenset[tuple[str, ...]]]:
+        """The served row and the keys passing the filters with a base cell in `[start, end)`
+        before W."""
         condition, filters = selection.sql_condition("c.key")
         async with db.connection() as conn:
             cursor = await conn.execute(
@@ -418,7 +419,7 @@ class BatchViewReader:
         columns = [column.name for column in cursor.description or ()]
         served = _served_of(columns, rows, metric.version)
         key_at = columns.index("key")
-        return served.watermark, {tuple(row[key_at]) for row in rows if row[key_at] is not None}
+        return served, frozenset(tuple(row[key_at]) for row in rows if row[key_at] is not None)
 
     async def sessions(
         self,

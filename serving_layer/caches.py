@@ -7,15 +7,19 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import replace
 from typing import Any, TypeVar
 
 from serving_layer.batch_view import StoredCell
+from serving_layer.pools import AsyncDb
 from serving_layer.read_plan import CachedCells, ReadPlan
+from serving_layer.served_row import ServedRow
+from shared.metric_plan import MetricPlan
 from shared.windows import CellRef
 
 PlanT = TypeVar("PlanT", bound=ReadPlan)
+T = TypeVar("T")
 
 
 class StampedCache:
@@ -52,6 +56,34 @@ class StampedCache:
             while self._weight > self._max:
                 _, (_, _, evicted) = self._entries.popitem(last=False)
                 self._weight -= evicted
+
+
+class BatchParts:
+    """The batch part of answers read with their served row in one statement (`keys`, one
+    key's `sessions`), kept for that row's stamp: while the process holds the row
+    (`HeldServedRow.row_for`) and a part is kept for its stamp, nothing is read."""
+
+    def __init__(self, max_weight: int) -> None:
+        self._parts = StampedCache(max_weight)
+
+    async def read(
+        self,
+        db: AsyncDb,
+        metric: MetricPlan,
+        name: Hashable,
+        read: Callable[[], Awaitable[tuple[ServedRow, T]]],
+        weight: Callable[[T], int],
+    ) -> tuple[ServedRow, T]:
+        """The served row and the part of answer `name`: kept, or read (then kept)."""
+        held = None if db.served is None else await db.served.row_for(metric)
+        if held is not None and held.stamp is not None:
+            kept: T | None = self._parts.get(name, held.stamp)
+            if kept is not None:
+                return held, kept
+        served, part = await read()
+        if served.stamp is not None:
+            self._parts.put(name, served.stamp, part, weight(part))
+        return served, part
 
 
 class LiveCells:

@@ -25,7 +25,13 @@ from typing import Any, NamedTuple, TypeVar
 import orjson
 
 from serving_layer.batch_view import BatchViewReader, StoredCell
-from serving_layer.caches import LiveCells, ReadsInFlight, SpeedPointCache, StampedCache
+from serving_layer.caches import (
+    BatchParts,
+    LiveCells,
+    ReadsInFlight,
+    SpeedPointCache,
+    StampedCache,
+)
 from serving_layer.errors import BatchViewUnreachable, TooManyCells
 from serving_layer.pools import AsyncDb
 from serving_layer.read_plan import (
@@ -105,6 +111,8 @@ class MergedView:
         """Stored cells of windows reaching past W per answer, valid for one served stamp."""
         self.speed_points = SpeedPointCache(settings.serving.speed_cache_bytes)
         """Rendered points of windows reaching past W, by content."""
+        self.batch_parts = BatchParts(settings.serving.live_cells_cache_bytes)
+        """The batch part of `keys` and of one key's `sessions` per query, for one stamp."""
         self.reads = ReadsInFlight()
         """Sliced reads of batch-only windows in progress, so identical cold requests wait."""
 
@@ -297,8 +305,15 @@ class MergedView:
     ) -> Answer[list[Group]]:
         """Keys passing the filters with a cell in `[start, end)`: batch cells before W, speed
         sub-cells after. One statement reads W and the keys together, so nothing is planned
-        against a hinted W."""
-        watermark, found = await self.batch.keys(db, metric, start, end, prefix, selection)
+        against a hinted W; its answer is kept for the served row's stamp."""
+        served, stored = await self.batch_parts.read(
+            db,
+            metric,
+            ("keys", metric.name, start, end, prefix, selection),
+            partial(self.batch.keys, db, metric, start, end, prefix, selection),
+            lambda keys: sum(64 + sum(len(part) + 50 for part in key) for key in keys),
+        )
+        watermark, found = served.watermark, set(stored)
         speed_starts = keys_speed_starts(metric, start, end, watermark)
         status, fields = await self.speed.read_fields(metric, speed_starts)
         for encoded in fields:

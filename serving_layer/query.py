@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 from serving_layer.errors import BatchViewUnsettled, bad_request
@@ -313,7 +314,21 @@ class SessionsQuery:
         plans = SessionPlans.of(metric, view.settings.plans.values())
         window = (self.start_ms, self.end_ms)
         (served, stored), (status, held) = await asyncio.gather(  # independent: both at once
-            view.batch.sessions(db, metric, plans.sessions, self.key, window, self.limit + 1),
+            view.batch_parts.read(
+                db,
+                metric,
+                ("sessions", metric.name, self.key, window, self.limit),
+                partial(
+                    view.batch.sessions,
+                    db,
+                    metric,
+                    plans.sessions,
+                    self.key,
+                    window,
+                    self.limit + 1,
+                ),
+                lambda kept: 300 * len(kept) + 64,
+            ),
             view.speed.read_held(metric, encode_key(self.key)),
         )
         base = metric.base_window_ms

@@ -188,6 +188,35 @@ def test_requests_plan_against_the_held_row_without_reading_it(
             assert held.syncs == syncs
 
 
+def test_repeated_keys_read_nothing_and_a_publication_is_read_anew(platform: Platform) -> None:
+    """`keys` reads its batch part with the served row in one statement; kept for that row's
+    stamp, the same question asked again reads nothing of PostgreSQL (only Redis), and after a
+    publication holding a key more, the new generation's keys are answered."""
+    settings = _world(platform)
+    load_views(settings, EVENTS, W1, seed=4)
+    params = {"start": format_time(T0 - HOUR), "end": format_time(T0 + HOUR)}
+    path = "/v1/metrics/views_by_page/keys"
+
+    def pages() -> list[str]:
+        response = client.get(path, params=params)
+        assert response.status_code == 200, response.text
+        return [key["page"] for key in response.json()["keys"]]
+
+    with TestClient(create_app(settings)) as client:
+        _holding(client, settings)
+        first = pages()
+        assert first == PAGES
+        since = _now(settings)
+        assert all(pages() == first for _ in range(10))
+        assert _statements_since(settings, since) == [], "a kept batch part read no statement"
+        extra = random_events(random.Random(23), T0 - HOUR, W2 - 5 * MINUTE, 20, ["/new"])
+        with connect(settings.postgres.url) as conn:
+            _publish_on(conn, settings, EVENTS + extra, W2)
+            conn.commit()
+        _holding(client, settings)
+        assert pages() == [*PAGES, "/new"]
+
+
 @pytest.mark.parametrize("confirm", [True, False], ids=["confirmed", "unconfirmed"])
 def test_a_publication_reaches_a_running_process_without_any_request(
     platform: Platform, confirm: bool
