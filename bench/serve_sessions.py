@@ -373,11 +373,13 @@ def run(
         env["LAMBDA_CONFIG"] = str(config_path)
         env["PYTHONPATH"] = str(ROOT)
         began = time.monotonic()
-        worker = measure_worker(env, store, topic, ends, 600 + args.sessions // 1000).worker
+        caught_up = measure_worker(env, store, topic, ends, 600 + args.sessions // 1000)
+        (worker,) = caught_up.workers
         try:
             log(
                 f"load: produced in {produced_s:.0f} s, full run {run_s:.0f} s, the speed "
-                f"worker caught up in {time.monotonic() - began:.0f} s"
+                f"worker caught up in {time.monotonic() - began:.0f} s "
+                f"({caught_up.rate:,.0f} events/s)"
             )
             port = free_port()
             server = start_server(config_path, port, 1)
