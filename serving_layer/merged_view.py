@@ -22,8 +22,6 @@ from itertools import chain, groupby
 from operator import add, attrgetter
 from typing import Any, NamedTuple, TypeVar
 
-import orjson
-
 from serving_layer.batch_view import BatchViewReader, StoredCell
 from serving_layer.caches import (
     BatchParts,
@@ -38,6 +36,7 @@ from serving_layer.read_plan import (
     Answer,
     Group,
     KeySeriesPlan,
+    Point,
     RankedGroups,
     SeriesRows,
     SlicedPlan,
@@ -49,7 +48,6 @@ from serving_layer.read_plan import (
 )
 from serving_layer.selection import Selection
 from serving_layer.served_row import ServedRow
-from serving_layer.timefmt import format_time
 from shared.aggregations import CellState, Ranking, RenderOptions, decode_state, merge_states
 from shared.config import Settings
 from shared.metric_plan import MetricPlan
@@ -328,7 +326,7 @@ class MergedView:
         plan: KeySeriesPlan,
         by_start: Mapping[int, list[bytes]],
         options: RenderOptions,
-    ) -> Iterator[orjson.Fragment]:
+    ) -> Iterator[Point]:
         """One key's speed-only windows (`plan.speed`, every cell after W), each found by its
         states (the answer's `name` holds the key) or merged and kept by them. The hottest
         loop of the serving layer (a dashboard's last hour): no per-window plan or grouping."""
@@ -345,15 +343,16 @@ class MergedView:
             if not states:
                 continue
             content = (name, start, *states)
-            point: orjson.Fragment | bool | None = cache.get(content)
+            point: Point | bool | None = cache.get(content)
             if point is None:
                 parts = [decode_state(state, sketched) for state in states]
                 values = render_merge(metric, parts, options)
                 window = (start, start + window_ms)
-                data = b"" if values is None else point_json(window, "speed", values)
-                point = orjson.Fragment(data) if data else False  # False: merged, no point
-                cache.put(content, point, len(data) + sum(map(len, states)))
-            if isinstance(point, orjson.Fragment):
+                merged = None if values is None else Point.of(window, "speed", values)
+                point = False if merged is None else merged  # False: merged, no point
+                weight = 0 if merged is None else merged.weight
+                cache.put(content, point, weight + sum(map(len, states)))
+            if isinstance(point, Point):
                 yield point
 
     def _known(self, name: Hashable, served: ServedRow) -> Mapping[Any, WindowPoints]:
@@ -536,17 +535,9 @@ async def render_window(
     for group, states in (await compose(plan, cells)).items():
         values = render_merge(metric, states, options)
         if values is not None:
-            data = point_json(window, source, values)
-            points[group] = orjson.Fragment(data)
-            size += len(data)
+            point = points[group] = Point.of(window, source, values)
+            size += point.weight
     return points, size
-
-
-def point_json(window: Window, source: str, values: dict[str, Any]) -> bytes:
-    """One window's point: its bounds, `source` and the rendered aggregations."""
-    point = {"start": format_time(window[0]), "end": format_time(window[1]), "source": source}
-    point.update(values)
-    return orjson.dumps(point)
 
 
 def _ranked_speed_states(

@@ -18,7 +18,7 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import orjson
 
-from serving_layer.batch_view import CellQuery, StoredCell
+from serving_layer.batch_view import BatchPlan, CellQuery, StoredCell
 from serving_layer.errors import RetentionExpired
 from serving_layer.selection import Selection
 from serving_layer.served_row import ServedRow
@@ -34,12 +34,33 @@ Window = tuple[int, int]
 Group = tuple[str, ...]
 """A group's values of the `group_by` dimensions (`()` without `group_by`)."""
 
-WindowPoints = dict[Group, orjson.Fragment]
-"""One window's rendered point per group (a group without events has none)."""
+
+class Point(NamedTuple):
+    """One window's point of one group: its outputs as the aggregations render them and,
+    rendered once when it was merged, its JSON (an HTTP body embeds it as is)."""
+
+    window: Window
+    source: str
+    """Where its cells came from by the window's position against W (`point_source`)."""
+    values: dict[str, Any]
+    json: orjson.Fragment
+    weight: int
+    """About the bytes it holds: its JSON and, beside it, the values it was rendered from
+    (taken as twice the JSON's length)."""
+
+    @classmethod
+    def of(cls, window: Window, source: str, values: dict[str, Any]) -> Point:
+        head = {"start": format_time(window[0]), "end": format_time(window[1]), "source": source}
+        data = orjson.dumps({**head, **values})
+        return cls(window, source, values, orjson.Fragment(data), 3 * len(data))
 
 
-SeriesRows = dict[Group, list[orjson.Fragment]]
-"""Each group's rendered points, ascending by start."""
+WindowPoints = dict[Group, Point]
+"""One window's point per group (a group without events has none)."""
+
+
+SeriesRows = dict[Group, list[Point]]
+"""Each group's points, ascending by start."""
 
 RankedGroups = list[tuple[Group, Any]]
 """Groups and their ranked values, best first."""
@@ -78,14 +99,10 @@ class SpeedRead(NamedTuple):
     key: Group | None = None
 
 
-class ReadPlan(Protocol):
-    """What the read pipeline (`merged_view`) asks of every plan."""
-
-    @property
-    def served(self) -> ServedRow: ...
-
-    @property
-    def cell_query(self) -> CellQuery | None: ...
+class ReadPlan(BatchPlan, Protocol):
+    """What the read pipeline (`merged_view`) asks of every plan: besides what the batch
+    view's guarded read asks (`BatchPlan`: the served row and the cells), its speed read and
+    what it keeps or reuses of the batch part."""
 
     @property
     def speed_read(self) -> SpeedRead: ...

@@ -4,18 +4,17 @@ A session metric is stored as three plans bucketed alike by each session's first
 metric's own cells (its aggregations over the sessions' events) and its parts `<m>(sessions)`
 (count, sum, max and quantiles of the sessions' durations in ms) and `<m>(bounces)` (count).
 A series of sessions reads the three through the one read pipeline (`merged_view`) and joins
-their points window by window (`join_points`): `sessions`, `bounces`, `duration_*_s`, then the
-metric's aggregations. `top` ranks by a session output through the part that holds it
-(`SESSION_RANKINGS`). One key's sessions are its window-0 cells before W and, from W on, its
-session index in the speed view (`speed_sessions`)."""
+their points window by window, by their values (`join_points`): `sessions`, `bounces`,
+`duration_*_s`, then the metric's aggregations. `top` ranks by a session output through the
+part that holds it (`SESSION_RANKINGS`). One key's sessions are its window-0 cells before W
+and, from W on, its session index in the speed view (`speed_sessions`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-import orjson
-
+from serving_layer.read_plan import Point
 from serving_layer.timefmt import format_time
 from shared.aggregations import CellState, RenderOptions
 from shared.metric_plan import MetricPlan
@@ -30,8 +29,7 @@ SESSION_RANKINGS: Mapping[str, tuple[str, str]] = {
 """`top?by=` of a session output -> (the part holding it, the part's output it ranks by)."""
 
 _MS_PER_S = 1000.0
-_POINT_HEAD = ("start", "end", "source")
-_NOT_QUANTILES = (*_POINT_HEAD, "count", "sum", "max")
+_NOT_QUANTILES = ("count", "sum", "max")
 
 
 def session_outputs(plans: SessionPlans, options: RenderOptions) -> list[str]:
@@ -57,7 +55,7 @@ def _duration_quantiles(plans: SessionPlans, options: RenderOptions) -> list[str
 def session_values(
     events: Mapping[str, Any], sessions: Mapping[str, Any] | None, bounces: Mapping[str, Any] | None
 ) -> dict[str, Any]:
-    """One window's session outputs from the rendered points of the three plans (no
+    """One window's session outputs from the rendered values of the three plans' points (no
     `sessions` point: no session starts there)."""
     count = 0 if sessions is None else int(sessions["count"])
     values: dict[str, Any] = {
@@ -72,32 +70,26 @@ def session_values(
         for name, value in sessions.items():
             if name not in _NOT_QUANTILES:
                 values[f"duration_{name}_s"] = None if value is None else value / _MS_PER_S
-    values.update((k, v) for k, v in events.items() if k not in _POINT_HEAD)
+    values.update(events)
     return values
 
 
 def join_points(
-    events: Sequence[orjson.Fragment],
-    sessions: Sequence[orjson.Fragment],
-    bounces: Sequence[orjson.Fragment],
-) -> list[orjson.Fragment]:
+    events: Sequence[Point], sessions: Sequence[Point], bounces: Sequence[Point]
+) -> list[Point]:
     """One group's session points: the metric's points (windows with a session starting in
-    them), each joined with the parts' points of the same window."""
-    by_start = [
-        {point["start"]: point for point in map(_loaded, part)} for part in (sessions, bounces)
+    them), each joined with the parts' points of the same window, by their values."""
+    by_start = [{point.window: point.values for point in part} for part in (sessions, bounces)]
+    return [
+        Point.of(
+            point.window,
+            point.source,
+            session_values(
+                point.values, by_start[0].get(point.window), by_start[1].get(point.window)
+            ),
+        )
+        for point in events
     ]
-    joined = []
-    for point in map(_loaded, events):
-        start = point["start"]
-        head = {"start": start, "end": point["end"], "source": point["source"]}
-        values = session_values(point, by_start[0].get(start), by_start[1].get(start))
-        joined.append(orjson.Fragment(orjson.dumps({**head, **values})))
-    return joined
-
-
-def _loaded(point: orjson.Fragment) -> dict[str, Any]:
-    loaded: dict[str, Any] = orjson.loads(orjson.dumps(point))
-    return loaded
 
 
 def ranked_value(by: str, value: Any) -> Any:

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 
 from serving_layer.auth import ReaderDep
-from serving_layer.deps import AsyncDbDep, ObserverDep, SettingsDep, ViewDep
+from serving_layer.deps import QueryDep, SettingsDep
 from serving_layer.params import (
     DeclaredParamsDep,
     metric_of,
@@ -129,9 +129,7 @@ def _outputs(settings: Settings, metric: MetricPlan) -> list[str]:
 async def keys(
     metric_name: str,
     request: Request,
-    settings: SettingsDep,
-    db: AsyncDbDep,
-    view: ViewDep,
+    context: QueryDep,
     start: StartQ,
     end: Annotated[str, Query(description="exclusive end")],
     prefix: Annotated[
@@ -139,11 +137,11 @@ async def keys(
     ] = None,
     limit: Annotated[int, Query(description="at most this many keys, ascending")] = 100,
 ) -> JSONResponse:
-    metric = metric_of(settings, metric_name)
+    metric = metric_of(context.settings, metric_name)
     window = range_of(start, end)
     selection = selection_of(metric, request.query_params, ("start", "end", "prefix", "limit"))
-    query = KeysQuery.of(settings, metric, window, prefix, selection, limit)
-    answer = await query.read(view, db)
+    query = KeysQuery.of(context.settings, metric, window, prefix, selection, limit)
+    answer = await query.read(context.view, context.db)
     kept_from = metric.windows.kept_from(metric.base_window_ms, answer.watermark)  # older: gone
     body = {
         "metric": metric.name,
@@ -172,10 +170,7 @@ async def keys(
 async def series(
     metric_name: str,
     request: Request,
-    settings: SettingsDep,
-    db: AsyncDbDep,
-    view: ViewDep,
-    observer: ObserverDep,
+    context: QueryDep,
     window: WindowQ,
     start: StartQ,
     end: Annotated[str, Query(description="windows starting before this")],
@@ -191,14 +186,14 @@ async def series(
     ] = None,
     q: QuantilesQ = None,
 ) -> JSONResponse:
-    metric = metric_of(settings, metric_name)
+    metric = metric_of(context.settings, metric_name)
     spec = window_spec_of(metric, window, step, tz)
     window_range = range_of(start, end)
     options = options_of(q)
     selection = selection_of(metric, request.query_params, SERIES_PARAMS, group_by)
-    query = SeriesQuery.of(settings, metric, spec, window_range, selection, options, limit)
-    answer = await query.read(view, db)
-    observer.observe_merge("series", answer)
+    query = SeriesQuery.of(context.settings, metric, spec, window_range, selection, options, limit)
+    answer = await query.read(context.view, context.db)
+    context.observer.observe_merge("series", answer)
     return JSONResponse(_series_body(query, answer))
 
 
@@ -215,20 +210,18 @@ async def series(
 async def sessions(
     metric_name: str,
     request: Request,
-    settings: SettingsDep,
-    db: AsyncDbDep,
-    view: ViewDep,
+    context: QueryDep,
     start: StartQ,
     end: Annotated[str, Query(description="sessions starting before this")],
     limit: Annotated[int, Query(description="at most this many sessions, the first ones")] = 100,
     q: QuantilesQ = None,
 ) -> JSONResponse:
-    metric = metric_of(settings, metric_name)
+    metric = metric_of(context.settings, metric_name)
     window = range_of(start, end)
     options = options_of(q)
     selection = selection_of(metric, request.query_params, ("start", "end", "limit", "q"))
-    query = SessionsQuery.of(settings, metric, window, selection, limit)
-    answer = await query.read(view, db)
+    query = SessionsQuery.of(context.settings, metric, window, selection, limit)
+    answer = await query.read(context.view, context.db)
     key_map = selection.fixed
     body = {
         "metric": metric.name,
@@ -253,10 +246,7 @@ async def sessions(
 async def top(
     metric_name: str,
     request: Request,
-    settings: SettingsDep,
-    db: AsyncDbDep,
-    view: ViewDep,
-    observer: ObserverDep,
+    context: QueryDep,
     window: WindowQ,
     at: Annotated[str, Query(description="any instant inside the window")],
     by: Annotated[
@@ -266,7 +256,7 @@ async def top(
     group_by: GroupByQ = None,
     q: QuantilesQ = None,
 ) -> JSONResponse:
-    metric = metric_of(settings, metric_name)
+    metric = metric_of(context.settings, metric_name)
     window_ms = window_of(metric, window)
     at_ms = time_of("at", at)
     options = options_of(q)
@@ -276,9 +266,9 @@ async def top(
         TOP_PARAMS,
         ",".join(metric.key) if group_by is None else group_by,
     )
-    query = TopQuery.of(settings, metric, by, window_ms, at_ms, selection, n, options)
-    answer = await query.read(view, db)
-    observer.observe_merge("top", answer)
+    query = TopQuery.of(context.settings, metric, by, window_ms, at_ms, selection, n, options)
+    answer = await query.read(context.view, context.db)
+    context.observer.observe_merge("top", answer)
     source = point_source(query.start_ms, query.end_ms, answer.watermark)
     body = {
         "metric": metric.name,
@@ -318,7 +308,7 @@ def _series_body(query: SeriesQuery, answer: Answer[SeriesRows]) -> dict[str, An
     }
     if not selection.group_by:
         filters = {} if query.one_key else {"filters": selection.filter_map()}
-        points = answer.rows.get((), [])
+        points = [point.json for point in answer.rows.get((), [])]
         return {**head, "key": selection.fixed, **filters, **tail, "points": points}
     groups = sorted(answer.rows.items())
     return {
@@ -327,7 +317,10 @@ def _series_body(query: SeriesQuery, answer: Answer[SeriesRows]) -> dict[str, An
         "group_by": list(selection.group_by),
         **tail,
         "groups": [
-            {"key": dict(zip(selection.group_by, group, strict=True)), "points": points}
+            {
+                "key": dict(zip(selection.group_by, group, strict=True)),
+                "points": [point.json for point in points],
+            }
             for group, points in groups[: query.limit]
         ],
         "truncated": len(groups) > query.limit,

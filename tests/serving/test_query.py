@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 
 from serving_layer import create_app
 from serving_layer.query import KeysQuery, SeriesQuery, TopQuery
+from serving_layer.read_plan import Point
 from serving_layer.selection import Selection
 from serving_layer.timefmt import format_time
 from serving_layer.windowing import WindowSpec
@@ -30,8 +31,12 @@ W = T0 + 37 * MINUTE
 PAGES = ["/", "/a", "/b"]
 
 
-def _points(fragments: list[orjson.Fragment]) -> list[dict[str, Any]]:
-    return [orjson.loads(orjson.dumps(point)) for point in fragments]
+def _points(points: list[Point]) -> list[dict[str, Any]]:
+    """The points as the API renders them, each checked to hold the values it renders."""
+    rendered = [orjson.loads(orjson.dumps(point.json)) for point in points]
+    for point, shown in zip(points, rendered, strict=True):
+        assert {k: shown[k] for k in point.values} == point.values
+    return rendered
 
 
 def test_queries_built_in_code_answer_what_the_routes_render(platform: Platform) -> None:

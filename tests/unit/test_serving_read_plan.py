@@ -5,13 +5,13 @@ planning again at another W makes a new plan instead of changing one."""
 
 from __future__ import annotations
 
-import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
 from serving_layer.batch_view import CellRuns, runs_of
 from serving_layer.read_plan import (
     KeySeriesPlan,
+    Point,
     SlicedPlan,
     TopPlan,
     WindowPoints,
@@ -38,7 +38,7 @@ METRIC = compile_plan(
 )
 W = 2 * HOUR + 30 * MINUTE
 SERVED = ServedRow("100", 7, W)
-POINT: WindowPoints = {(): orjson.Fragment(b"{}")}
+POINT: WindowPoints = {(): Point.of((0, HOUR), "batch", {"count": 1})}
 
 
 def test_a_key_series_merges_uncached_batch_windows_and_the_one_straddling_w() -> None:
