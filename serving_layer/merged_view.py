@@ -362,11 +362,16 @@ class MergedView:
         return known or {}
 
     async def _read_speed(self, metric: MetricPlan, read: SpeedRead) -> SpeedCells:
-        """Every key's sub-cells of the plan's base cells in one round trip (the status alone
-        when it reads no cell). One key's series reads its own key (`series`)."""
+        """The sub-cells of the plan's base cells in one round trip: one key's when the read
+        names it, else every key's (the status alone when it reads no cell)."""
         if not read.starts:
             return SpeedCells(await self.speed.status(), {})
-        return SpeedCells(*await self.speed.read_all_by_start(metric, read.starts))
+        if read.key is None:
+            return SpeedCells(*await self.speed.read_all_by_start(metric, read.starts))
+        encoded = encode_key(read.key)
+        status, by_start = await self.speed.read_key(metric, read.starts, encoded)
+        cells = {start: {encoded: states} for start, states in by_start.items() if states}
+        return SpeedCells(status, cells)
 
     async def _merge_windows(
         self,

@@ -307,7 +307,10 @@ class SlicedPlan:
 
     @property
     def speed_read(self) -> SpeedRead:
-        return SpeedRead(tuple(sorted({s for p in self.windows.values() for s in p.speed_cells})))
+        """The speed base cells of every window: one key's sub-cells alone when the selection
+        names one key (a window that is not configured, hopping or in a time zone)."""
+        starts = tuple(sorted({s for p in self.windows.values() for s in p.speed_cells}))
+        return SpeedRead(starts, self.selection.exact_key)
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,14 @@ def test_queries_built_in_code_answer_what_the_routes_render(platform: Platform)
         for group in body["groups"]:
             assert _points(answer.rows[(group["key"]["page"],)]) == group["points"]
         assert answer.batch_cells > 0 and answer.speed_states > 0
+        # one page over the same hopping windows: its group's points, from its sub-cells alone
+        grouped = answer
+        query = SeriesQuery.of(settings, metric, hopping, window, one_page, DEFAULT_RENDER, 100)
+        answer = read(query)
+        body = get("series", window="10m", step="5m", page="/a", **span)
+        assert not query.one_key and _points(answer.rows[()]) == body["points"]
+        assert _points(answer.rows[()]) == _points(grouped.rows[("/a",)])
+        assert 0 < answer.speed_states < grouped.speed_states
         # top over an hour straddling W
         at = T0 + 30 * MINUTE
         top = TopQuery.of(settings, metric, "count", HOUR, at, by_page, 10, DEFAULT_RENDER)
