@@ -30,8 +30,9 @@ from serving_layer.observability import (
 )
 from serving_layer.pools import AsyncDb, Db, async_pool, blocking_pool
 from serving_layer.responses import JSONResponse
-from serving_layer.routes import dashboard, health, metrics, runs, status
+from serving_layer.routes import dashboard, health, metrics, runs, sql, status
 from serving_layer.served_row import HeldServedRow
+from serving_layer.sql import SqlStatements
 from shared.config import Settings, load_settings
 from shared.gc_tuning import freeze_startup_objects
 from shared.speed_view import redis_client, redis_client_async
@@ -93,6 +94,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.settings = settings
     app.state.metrics = observer
+    app.state.sql_statements = SqlStatements(settings)
     install_error_handlers(app)
     app.add_middleware(RequestBudget, serving=settings.serving, metrics=observer)
     app.add_middleware(RequestLimits, serving=settings.serving)
@@ -106,6 +108,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(runs.router)
+    app.include_router(sql.router)
     app.include_router(status.router)
     app.mount("/static", StaticFiles(directory=dashboard.STATIC_DIR), name="static")
     _document_key_dimensions(app, settings)

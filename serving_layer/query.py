@@ -36,6 +36,7 @@ from serving_layer.pools import AsyncDb
 from serving_layer.read_plan import Answer, Group, RankedGroups, SeriesRows, check_retained
 from serving_layer.selection import Selection
 from serving_layer.sessions import SESSION_RANKINGS, SessionRow, join_points, speed_sessions
+from serving_layer.timefmt import format_time
 from serving_layer.windowing import WindowSpec
 from shared.aggregations import Ranking, RenderOptions
 from shared.config import Settings
@@ -167,6 +168,49 @@ class SeriesQuery:
 _SESSION_READS = 4
 """How often a session series reads its three plans before answering 503 (a run published
 between them each time)."""
+
+
+@dataclass(frozen=True)
+class TotalQuery:
+    """Each group's merge over `[start_ms, end_ms)` as one window (its bounds on base cells),
+    of the metric or its smallest covering rollup: the SQL interface's statement without a
+    time bucket."""
+
+    metric: MetricPlan
+    start_ms: int
+    end_ms: int
+    selection: Selection
+    options: RenderOptions
+
+    @classmethod
+    def of(
+        cls,
+        settings: Settings,
+        metric: MetricPlan,
+        window: tuple[int, int],
+        selection: Selection,
+        options: RenderOptions,
+    ) -> TotalQuery:
+        (start_ms, end_ms), base = window, metric.base_window_ms
+        if start_ms % base or end_ms % base:
+            raise bad_request(
+                f"a total's range must start and end on {format_duration(base)} cells of "
+                f"{metric.name}: [{format_time(window_start(start_ms, base))}, "
+                f"{format_time(window_start(end_ms + base - 1, base))}) holds it"
+            )
+        check_supported(start_ms, end_ms, "the range", "send a range in years 1 to 9999")
+        check_cells(
+            settings,
+            (end_ms - start_ms) // base,
+            f"narrow the range to at most {settings.serving.max_cells} "
+            f"{format_duration(base)} cells",
+        )
+        return cls(metric, start_ms, end_ms, selection, options)
+
+    async def read(self, view: MergedView, db: AsyncDb) -> Answer[SeriesRows]:
+        window = (self.start_ms, self.end_ms)
+        plan, read = answering_plan(view.settings, self.metric, self.selection)
+        return await view.sliced_series(db, plan, [window], read, self.options)
 
 
 @dataclass(frozen=True)

@@ -308,3 +308,31 @@ class Health(BaseModel):
 class Ready(BaseModel):
     ready: bool
     checks: dict[str, str]
+
+
+class SqlRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(
+        max_length=100_000,
+        description="one SELECT over a metric's table (docs/sql.md), e.g. SELECT "
+        "time_bucket('1h', ts) AS hour, COUNT(*) FROM views_by_page WHERE ts >= "
+        "'2026-12-01T00:00:00Z' AND ts < '2026-12-02T00:00:00Z' GROUP BY 1",
+    )
+    format: Literal["objects", "arrays"] = Field(
+        default="objects", description="rows as objects by column name, or as arrays"
+    )
+
+
+class SqlColumn(BaseModel):
+    name: str
+    type: Literal["timestamptz", "text", "bigint", "double precision"]
+
+
+class SqlResponse(BaseModel):
+    columns: list[SqlColumn]
+    rows: list[dict[str, str | Number | None]] | list[list[str | Number | None]]
+    metric: str
+    batch_watermark: str | None
+    batch_status: BatchStatus
+    speed_status: SpeedStatus

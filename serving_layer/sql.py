@@ -1,0 +1,719 @@
+"""SQL over the merged views (docs/sql.md): a `SELECT` compiled into one of the serving layer's
+queries (`serving_layer.query`), never evaluated row by row. Each metric is a table shaped like
+its source's events, restricted to what its cells can answer: the event time `ts`, its key
+dimensions, and aggregates that name its configured aggregations. What the statement asks picks
+the query:
+
+- `time_bucket('<window>', ts[, '<tz>'])` or `date_trunc('<unit>', ts[, '<tz>'])` in `GROUP BY`:
+  a series (`SeriesQuery`), one row per window and group;
+- no bucket: a total over the `ts` range as one window (`TotalQuery`), one row per group;
+- no bucket, `ORDER BY <aggregate> DESC LIMIT n`: a ranking (`TopQuery`) over the range,
+  which must be one window of the metric's base cells;
+- `SELECT DISTINCT <dims>` with no aggregate: the keys seen (`KeysQuery`).
+
+`WHERE` holds a `ts` range (`ts >= a AND ts < b`, both bounds: the windows starting in it, as
+the HTTP API's `start` and `end`) and `=` / `IN` on key dimensions (the filters); `GROUP BY`
+names the dimensions each row keeps (`group_by`). A statement that asks anything else is a
+`SqlError` saying where and what the metric can answer."""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import sqlglot
+from fastapi import HTTPException
+from sqlglot import exp
+
+from serving_layer.merged_view import MergedView
+from serving_layer.params import (
+    check_key_text,
+    metric_of,
+    time_of,
+    window_spec_of,
+)
+from serving_layer.pools import AsyncDb
+from serving_layer.query import KeysQuery, SeriesQuery, TopQuery, TotalQuery, answering_plan
+from serving_layer.read_plan import Answer, Group, Point
+from serving_layer.selection import Selection
+from serving_layer.timefmt import format_time
+from serving_layer.windowing import WindowSpec
+from shared.aggregations import RenderOptions, quantile_name
+from shared.config import Settings
+from shared.durations import format_duration
+from shared.metric_plan import MetricPlan
+from shared.windows import point_source
+
+Query = SeriesQuery | TotalQuery | TopQuery | KeysQuery
+
+TIME_COLUMN = "ts"
+SOURCE_COLUMN = "source"
+"""A pseudo-column: where a row's cells came from (`batch`, `mixed`, `speed`), as a point's
+`source` in the HTTP API."""
+
+_DATE_TRUNC_UNITS = {"MINUTE": "1m", "HOUR": "1h", "DAY": "1d"}
+_PLAIN = {exp.Sum: "sum", exp.Min: "min", exp.Max: "max", exp.Avg: "avg"}
+
+
+class SqlError(HTTPException):
+    """A statement the dialect cannot answer: a 400 saying where (line and column) and why."""
+
+    def __init__(self, message: str, node: exp.Expr | None = None) -> None:
+        where = _position(node)
+        super().__init__(400, detail=f"{where}{message}" if where else message)
+
+
+def _position(node: exp.Expr | None) -> str:
+    """`line L, column C: ` of the first token of `node` that sqlglot placed, or ''."""
+    for part in () if node is None else node.walk():
+        meta = part.meta
+        if "line" in meta:
+            return f"line {meta['line']}, column {meta['col'] - (meta['end'] - meta['start'])}: "
+    return ""
+
+
+@dataclass(frozen=True)
+class OutputColumn:
+    """One column of the answer: its name, its PostgreSQL type name and how a row's value is
+    read (from the window, the group and the rendered values of one point)."""
+
+    name: str
+    type: str
+    value: Callable[[RowParts], Any]
+
+
+@dataclass(frozen=True)
+class RowParts:
+    """What one answer row is made of: its window, group, where its cells came from and its
+    rendered outputs."""
+
+    window: tuple[int, int]
+    group: Group
+    source: str
+    values: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SqlStatement:
+    """A compiled statement: the query it reads and the columns it answers, in order."""
+
+    text: str
+    query: Query
+    columns: tuple[OutputColumn, ...]
+    row_limit: int | None
+    """`LIMIT` of a series, total or keys statement (a ranking's is the query's `n`)."""
+    explain: bool = False
+    """`EXPLAIN <statement>`: answered by its plan (`explain`), nothing read but the row."""
+
+    def rows(self, answer: Answer[Any]) -> list[tuple[Any, ...]]:
+        """The answer's rows in column order: a series by window then group, a total and the
+        keys by group, a ranking best first."""
+        rows = [
+            tuple(column.value(part) for column in self.columns) for part in self._parts(answer)
+        ]
+        if isinstance(self.query, KeysQuery):  # the keys projected onto the dimensions selected
+            rows = list(dict.fromkeys(rows))
+        return rows if self.row_limit is None else rows[: self.row_limit]
+
+    def _parts(self, answer: Answer[Any]) -> list[RowParts]:
+        query = self.query
+        if isinstance(query, KeysQuery):
+            window = (query.start_ms, query.end_ms)
+            keys: list[Group] = answer.rows
+            return [RowParts(window, key, "", {}) for key in keys]
+        if isinstance(query, TopQuery):
+            window = (query.start_ms, query.end_ms)
+            source = point_source(*window, answer.watermark)
+            ranked: list[tuple[Group, Any]] = answer.rows
+            return [
+                RowParts(window, group, source, {query.by: value})
+                for group, value in ranked[: query.n]
+            ]
+        by_group: dict[Group, list[Point]] = answer.rows
+        parts = [
+            RowParts(point.window, group, point.source, point.values)
+            for group, points in by_group.items()
+            for point in points
+        ]
+        return sorted(parts, key=lambda part: (part.window, part.group))
+
+
+_EXPLAIN = re.compile(r"\s*EXPLAIN\s", re.IGNORECASE)
+
+
+def compile_sql(settings: Settings, text: str) -> SqlStatement:
+    """The statement `text` compiled against the configured metrics (raises SqlError).
+    `EXPLAIN <statement>` compiles the statement, blanking the keyword so that positions in
+    errors still count from the start of `text`."""
+    explained = _EXPLAIN.match(text)
+    source = text if explained is None else " " * explained.end() + text[explained.end() :]
+    try:
+        statements = sqlglot.parse(source, read="postgres")
+    except sqlglot.errors.ParseError as exc:
+        first = exc.errors[0] if exc.errors else {}
+        where = f"line {first.get('line')}, column {first.get('col')}: " if first else ""
+        description = first.get("description", exc)
+        raise SqlError(f"{where}cannot parse the statement: {description}") from None
+    except sqlglot.errors.SqlglotError as exc:
+        raise SqlError(f"cannot parse the statement: {exc}") from None
+    if len(statements) != 1 or statements[0] is None:
+        raise SqlError("send one statement")
+    select = statements[0]
+    if not isinstance(select, exp.Select):
+        raise SqlError(
+            "the SQL interface is read-only: send one SELECT (or EXPLAIN SELECT)", select
+        )
+    statement = _Compiler(settings, text, select).compile()
+    return statement if explained is None else replace(statement, explain=True)
+
+
+class SqlStatements:
+    """Compiled statements by their text, the most recent `capacity` kept: compiling is pure
+    given the settings, so a dashboard's repeated statement is parsed and planned once."""
+
+    def __init__(self, settings: Settings, capacity: int = 1024) -> None:
+        self.settings = settings
+        self.capacity = capacity
+        self._compiled: OrderedDict[str, SqlStatement] = OrderedDict()
+
+    def compile(self, text: str) -> SqlStatement:
+        statement = self._compiled.get(text)
+        if statement is None:
+            statement = self._compiled[text] = compile_sql(self.settings, text)
+            if len(self._compiled) > self.capacity:
+                self._compiled.popitem(last=False)
+        else:
+            self._compiled.move_to_end(text)
+        return statement
+
+
+class _Compiler:
+    """One SELECT against one metric's table."""
+
+    def __init__(self, settings: Settings, text: str, select: exp.Select) -> None:
+        self.settings = settings
+        self.text = text
+        self.select = select
+        self.metric = self._table()
+        self.quantiles: list[Decimal] = []
+
+    def compile(self) -> SqlStatement:
+        select, metric = self.select, self.metric
+        self._refuse_unsupported()
+        start, end, filters = self._where()
+        group_dims, bucket = self._group_by()
+        items = [self._item(e, group_dims, bucket) for e in select.expressions]
+        aggregates = [name for kind, name, _ in items if kind == "aggregate"]
+        ranked = self._ranked()
+        # only the quantiles the statement asks for (none: a quantiles metric renders none)
+        render = RenderOptions(tuple(dict.fromkeys(self.quantiles)))
+        distinct = bool(select.args.get("distinct"))
+        row_dims = metric.key if distinct else tuple(group_dims)
+        columns = tuple(_column(kind, name, node, row_dims) for kind, name, node in items)
+        selection = Selection(metric.key, filters, tuple(group_dims))
+        limit = self._limit()
+        query: Query
+        if distinct:
+            query = self._keys(aggregates, bucket, (start, end), filters)
+        elif not aggregates:
+            raise SqlError(
+                f"select at least one aggregate of {metric.name}: {self._answerable()}", select
+            )
+        elif ranked is not None:
+            query = self._top(ranked, aggregates, bucket, (start, end), selection, limit, render)
+            limit = None  # the ranking's n
+        elif bucket is None:
+            query = TotalQuery.of(self.settings, metric, (start, end), selection, render)
+        else:
+            max_groups = self.settings.serving.max_groups
+            window = (start, end)
+            query = SeriesQuery.of(
+                self.settings, metric, bucket, window, selection, render, max_groups
+            )
+        return SqlStatement(self.text, query, columns, limit)
+
+    def _keys(
+        self,
+        aggregates: list[str],
+        bucket: WindowSpec | None,
+        window: tuple[int, int],
+        filters: tuple[tuple[str, frozenset[str]], ...],
+    ) -> KeysQuery:
+        """`SELECT DISTINCT <dims>`: the keys seen in the range, after the filters."""
+        if aggregates or bucket is not None:
+            raise SqlError(
+                "SELECT DISTINCT lists key dimensions only (the keys seen in the range)",
+                self.select,
+            )
+        metric, most = self.metric, self.settings.serving.max_keys_limit
+        return KeysQuery.of(
+            self.settings, metric, window, None, Selection(metric.key, filters), most
+        )
+
+    def _top(
+        self,
+        ranked: str,
+        aggregates: list[str],
+        bucket: WindowSpec | None,
+        window: tuple[int, int],
+        selection: Selection,
+        limit: int | None,
+        render: RenderOptions,
+    ) -> TopQuery:
+        """`ORDER BY <aggregate> DESC LIMIT n` without a bucket: the groups ranked over the
+        range, which must be one window of its size from the epoch."""
+        select = self.select
+        if bucket is not None:
+            raise SqlError(
+                "ORDER BY an aggregate ranks the groups of one window: drop the time bucket, "
+                "or order by the bucket",
+                select.args.get("order"),
+            )
+        if limit is None:
+            raise SqlError("a ranking needs LIMIT n (the top n groups)", select)
+        if set(aggregates) != {ranked}:
+            raise SqlError(
+                f"a ranking answers the aggregate it orders by ({ranked}) alone; select the "
+                "others with a GROUP BY statement filtered by the keys it finds",
+                select,
+            )
+        start, end = window
+        where = select.args.get("where")
+        base = self.metric.base_window_ms
+        if (end - start) % base:
+            raise SqlError(
+                f"a ranking's ts range is one window, a multiple of {self.metric.name}'s "
+                f"{format_duration(base)} cells",
+                where,
+            )
+        query = TopQuery.of(
+            self.settings, self.metric, ranked, end - start, start, selection, limit, render
+        )
+        if query.start_ms != start:
+            raise SqlError(
+                "a ranking's ts range is one window of its size from the epoch: "
+                f"ts >= '{format_time(query.start_ms)}' AND ts < '{format_time(query.end_ms)}'",
+                where,
+            )
+        return query
+
+    # ------------------------------------------------------------------ the table
+
+    def _table(self) -> MetricPlan:
+        tables = list(self.select.find_all(exp.Table))
+        if len(tables) != 1:
+            raise SqlError(
+                "select from one metric (FROM <metric>): joins and subqueries are not supported",
+                tables[1] if len(tables) > 1 else self.select,
+            )
+        (table,) = tables
+        try:
+            metric = metric_of(self.settings, table.name)
+        except HTTPException as exc:
+            raise SqlError(str(exc.detail), table) from None
+        if metric.sessions is not None:
+            raise SqlError(
+                f"{metric.name} is a session metric: SQL over its sessions is not supported yet; "
+                "use GET /v1/metrics/{m}/series and /sessions",
+                table,
+            )
+        return metric
+
+    def _refuse_unsupported(self) -> None:
+        select = self.select
+        for name in ("joins", "with", "having", "laterals", "windows", "offset"):
+            if select.args.get(name):
+                raise SqlError(f"{name.upper()} is not supported in this dialect", select)
+        for node in select.walk():
+            if isinstance(node, exp.Window):
+                raise SqlError("window functions (OVER) are not supported", node)
+            if isinstance(node, exp.Subquery | exp.Union):
+                raise SqlError("subqueries are not supported", node)
+
+    # ------------------------------------------------------------------ WHERE
+
+    def _where(self) -> tuple[int, int, tuple[tuple[str, frozenset[str]], ...]]:
+        where = self.select.args.get("where")
+        start: int | None = None
+        end: int | None = None
+        filters: dict[str, frozenset[str]] = {}
+        for term in _conjuncts(None if where is None else where.this):
+            if isinstance(term, exp.GTE | exp.LT | exp.GT | exp.LTE) and _is_ts(term.this):
+                if not isinstance(term, exp.GTE | exp.LT):
+                    raise SqlError("bound ts as ts >= <start> AND ts < <end> (half-open)", term)
+                at = self._time(term.expression)
+                if isinstance(term, exp.GTE):
+                    start = at if start is None else max(start, at)
+                else:
+                    end = at if end is None else min(end, at)
+                continue
+            if isinstance(term, exp.EQ | exp.In) and isinstance(term.this, exp.Column):
+                dim = self._dimension(term.this)
+                values = [term.expression] if isinstance(term, exp.EQ) else term.expressions
+                texts = frozenset(self._text(value, dim) for value in values)
+                filters[dim] = filters[dim] & texts if dim in filters else texts
+                continue
+            raise SqlError(
+                "WHERE takes ts >= <start>, ts < <end> and <dimension> = / IN (...) joined by AND",
+                term,
+            )
+        if start is None or end is None:
+            raise SqlError(
+                "WHERE needs a ts range: ts >= '<start>' AND ts < '<end>' (RFC 3339)",
+                where,
+            )
+        if start >= end:
+            raise SqlError(
+                "the ts range is empty: send ts >= start AND ts < end, start < end", where
+            )
+        ordered = tuple((d, filters[d]) for d in self.metric.key if d in filters)
+        return start, end, ordered
+
+    def _time(self, node: exp.Expression) -> int:
+        literal = node.this if isinstance(node, exp.Cast) else node
+        if not isinstance(literal, exp.Literal):
+            raise SqlError("compare ts with a time literal, e.g. '2026-12-01T00:00:00Z'", node)
+        text = literal.this if literal.is_string else str(literal.this)
+        if len(text) == 10 and text[4] == "-" and text[7] == "-":
+            text += "T00:00:00Z"  # a date: its UTC midnight
+        try:
+            return time_of("ts", text.replace(" ", "T", 1) if "T" not in text else text)
+        except HTTPException as exc:
+            raise SqlError(str(exc.detail), node) from None
+
+    def _text(self, node: exp.Expression, dim: str) -> str:
+        if not isinstance(node, exp.Literal) or not node.is_string:
+            raise SqlError(f"compare {dim} with a string literal, e.g. {dim} = 'x'", node)
+        try:
+            check_key_text(dim, node.this)
+        except HTTPException as exc:
+            raise SqlError(str(exc.detail), node) from None
+        return str(node.this)
+
+    def _dimension(self, column: exp.Column) -> str:
+        name = column.name
+        if name not in self.metric.key:
+            raise SqlError(
+                f"{self.metric.name} has no dimension {name!r}; its columns are "
+                f"{self._column_names()}",
+                column,
+            )
+        return name
+
+    # ------------------------------------------------------------------ GROUP BY
+
+    def _group_by(self) -> tuple[list[str], WindowSpec | None]:
+        group = self.select.args.get("group")
+        dims: list[str] = []
+        bucket: WindowSpec | None = None
+        for node in [] if group is None else group.expressions:
+            node = self._by_position(node)
+            if _bucket_call(node) is not None:
+                if bucket is not None:
+                    raise SqlError("group by one time bucket", node)
+                bucket = self._bucket(node)
+            elif isinstance(node, exp.Column):
+                dims.append(self._dimension(node))
+            else:
+                raise SqlError("GROUP BY takes key dimensions and one time bucket", node)
+        return dims, bucket
+
+    def _by_position(self, node: exp.Expression) -> exp.Expression:
+        """A GROUP BY or ORDER BY item as the select item it names (by position or alias)."""
+        items = self.select.expressions
+        if isinstance(node, exp.Literal) and not node.is_string:
+            at = int(node.this) if str(node.this).isdigit() else 0
+            if not 1 <= at <= len(items):
+                raise SqlError(f"there is no select item {node.this}", node)
+            node = items[at - 1]
+        elif isinstance(node, exp.Column) and node.name not in self.metric.key:
+            for item in items:
+                if isinstance(item, exp.Alias) and item.alias == node.name:
+                    node = item
+        return node.this if isinstance(node, exp.Alias) else node
+
+    def _bucket(self, node: exp.Expression) -> WindowSpec:
+        call = _bucket_call(node)
+        assert call is not None
+        name, args = call
+        if name == "date_trunc":
+            unit = args[0]
+            text = _DATE_TRUNC_UNITS.get(str(unit.this).upper()) if unit is not None else None
+            if text is None:
+                raise SqlError(
+                    "date_trunc takes 'minute', 'hour' or 'day' here (weeks, months and years "
+                    "are not multiples of the base cell from the epoch); or use "
+                    "time_bucket('<n>m|h|d', ts)",
+                    node,
+                )
+        else:
+            first = args[0]
+            if not isinstance(first, exp.Literal) or not first.is_string:
+                raise SqlError("time_bucket takes the window as a string, e.g. '1h'", node)
+            text = first.this.replace(" ", "")
+        if len(args) < 2 or not _is_ts(args[1]):
+            raise SqlError(f"{name} buckets ts: {name}('{text}', ts)", node)
+        tz = None
+        if len(args) > 2:
+            zone = args[2]
+            if not isinstance(zone, exp.Literal) or not zone.is_string or len(args) > 3:
+                raise SqlError(
+                    f"{name}'s third argument is an IANA zone, e.g. 'Europe/Berlin'", node
+                )
+            tz = str(zone.this)
+        try:
+            return window_spec_of(self.metric, _duration_text(text), None, tz)
+        except HTTPException as exc:
+            raise SqlError(str(exc.detail), node) from None
+
+    # ------------------------------------------------------------------ select items
+
+    def _item(
+        self, node: exp.Expression, dims: list[str], bucket: WindowSpec | None
+    ) -> tuple[str, str, exp.Expression]:
+        """A select item as (kind, the output it reads, the node): kind `bucket`, `dim`,
+        `source` or `aggregate`."""
+        inner = node.this if isinstance(node, exp.Alias) else node
+        if _bucket_call(inner) is not None:
+            if bucket is None:
+                raise SqlError("a time bucket is selected: group by it too", node)
+            return "bucket", TIME_COLUMN, node
+        if isinstance(inner, exp.Column):
+            name = inner.name
+            if name == SOURCE_COLUMN and name not in self.metric.key:
+                return "source", SOURCE_COLUMN, node
+            dim = self._dimension(inner)
+            if dim not in dims and not self.select.args.get("distinct"):
+                raise SqlError(f"{dim} is selected: group by it too", inner)
+            return "dim", dim, node
+        if isinstance(inner, exp.Star):
+            raise SqlError(f"name the columns: {self._column_names()}", node)
+        return "aggregate", self._aggregate(inner), node
+
+    def _aggregate(self, node: exp.Expression) -> str:
+        """The output name an aggregate call reads (`count`, `sum`, `distinct_f`, `p99`)."""
+        metric = self.metric
+        outputs = {a.spec for a in metric.aggregations.aggregations}
+        if isinstance(node, exp.Count):
+            arg = node.this
+            if isinstance(arg, exp.Star) and "count" in outputs:
+                return "count"
+            if isinstance(arg, exp.Distinct):
+                raise SqlError(
+                    "distinct counts are estimates here: write APPROX_COUNT_DISTINCT(<field>)",
+                    node,
+                )
+        for kind, name in _PLAIN.items():
+            if isinstance(node, kind) and self._is_value(node.this) and name in outputs:
+                return name
+        field = node.this.name if isinstance(node.this, exp.Column) else None
+        if isinstance(node, exp.ApproxDistinct) and f"distinct({field})" in outputs:
+            return f"distinct_{field}"
+        args = node.expressions
+        percentile = isinstance(node, exp.Anonymous) and node.name.upper() == "APPROX_PERCENTILE"
+        if percentile and len(args) == 2 and isinstance(args[0], exp.Column):
+            q = _fraction(args[1])
+            if f"quantiles({args[0].name})" in outputs:
+                self.quantiles.append(q)
+                return quantile_name(q)
+        raise SqlError(
+            f"{metric.name} cannot answer {node.sql('postgres')}: {self._answerable()}", node
+        )
+
+    def _is_value(self, node: exp.Expression | None) -> bool:
+        return isinstance(node, exp.Column) and node.name == self.metric.value
+
+    def _answerable(self) -> str:
+        value = self.metric.value
+        calls = []
+        for aggregation in self.metric.aggregations.aggregations:
+            spec = aggregation.spec
+            if spec == "count":
+                calls.append("COUNT(*)")
+            elif spec in ("sum", "min", "max", "avg"):
+                calls.append(f"{spec.upper()}({value})")
+            elif spec.startswith("distinct("):
+                calls.append(f"APPROX_COUNT_DISTINCT({aggregation.field})")
+            elif spec.startswith("quantiles("):
+                calls.append(f"APPROX_PERCENTILE({aggregation.field}, <q in (0, 1)>)")
+        return "it answers " + ", ".join(calls)
+
+    def _column_names(self) -> str:
+        return ", ".join([TIME_COLUMN, *self.metric.key, SOURCE_COLUMN])
+
+    # ------------------------------------------------------------------ ORDER BY, LIMIT
+
+    def _ranked(self) -> str | None:
+        """The aggregate an `ORDER BY <aggregate> DESC` ranks by (None: no ranking; ordering
+        by the bucket or dimensions is the answer's own order)."""
+        order = self.select.args.get("order")
+        ranked = None
+        for ordered in [] if order is None else order.expressions:
+            node = self._by_position(ordered.this)
+            if _bucket_call(node) is not None or isinstance(node, exp.Column):
+                if isinstance(node, exp.Column) and node.name not in self.metric.key:
+                    raise SqlError(f"cannot order by {node.name}", node)
+                if ordered.args.get("desc"):
+                    raise SqlError(
+                        "rows come by time bucket then group, ascending; ORDER BY ... DESC "
+                        "ranks an aggregate",
+                        ordered,
+                    )
+                continue
+            name = self._aggregate(node)
+            if not ordered.args.get("desc") or ranked is not None:
+                raise SqlError(
+                    "rank by one aggregate, descending: ORDER BY <aggregate> DESC", ordered
+                )
+            ranked = name
+        return ranked
+
+    def _limit(self) -> int | None:
+        limit = self.select.args.get("limit")
+        if limit is None:
+            return None
+        value = limit.expression
+        if not isinstance(value, exp.Literal) or value.is_string or not str(value.this).isdigit():
+            raise SqlError("LIMIT takes a positive integer", limit)
+        return int(value.this)
+
+
+def _conjuncts(node: exp.Expression | None) -> list[exp.Expression]:
+    if node is None:
+        return []
+    if isinstance(node, exp.And):
+        return [*_conjuncts(node.this), *_conjuncts(node.expression)]
+    if isinstance(node, exp.Paren):
+        return _conjuncts(node.this)
+    return [node]
+
+
+def _is_ts(node: exp.Expression | None) -> bool:
+    return isinstance(node, exp.Column) and node.name == TIME_COLUMN
+
+
+def _bucket_call(node: exp.Expression) -> tuple[str, list[Any]] | None:
+    """(`time_bucket` | `date_trunc`, its arguments) of a bucketing call, else None."""
+    if isinstance(node, exp.Anonymous) and str(node.this).lower() == "time_bucket":
+        return "time_bucket", list(node.expressions)
+    if isinstance(node, exp.TimestampTrunc):
+        zone = node.args.get("zone")
+        return "date_trunc", [node.args.get("unit"), node.this, *([zone] if zone else [])]
+    return None
+
+
+def _duration_text(text: str) -> str:
+    """'1 hour', '15 minutes', '1h' -> the platform's spelling ('1h', '15m')."""
+    units = {"minute": "m", "minutes": "m", "hour": "h", "hours": "h", "day": "d", "days": "d"}
+    for word, unit in units.items():
+        if text.endswith(word) and text[: -len(word)].isdigit():
+            return text[: -len(word)] + unit
+    return text
+
+
+def _fraction(node: exp.Expression) -> Decimal:
+    if isinstance(node, exp.Literal) and not node.is_string:
+        try:
+            q = Decimal(str(node.this))
+        except InvalidOperation:
+            q = Decimal(0)
+        if 0 < q < 1:
+            return q
+    raise SqlError("APPROX_PERCENTILE's fraction is a number in (0, 1), e.g. 0.99", node)
+
+
+def _column(kind: str, name: str, node: exp.Expression, row_dims: tuple[str, ...]) -> OutputColumn:
+    """A select item's column: named by its alias, else by what it reads."""
+    alias = node.alias if isinstance(node, exp.Alias) and node.alias else None
+    if kind == "bucket":
+        return OutputColumn(alias or TIME_COLUMN, "timestamptz", _bucket_start)
+    if kind == "dim":
+        return OutputColumn(alias or name, "text", _group_value(row_dims.index(name)))
+    if kind == "source":
+        return OutputColumn(alias or SOURCE_COLUMN, "text", _source)
+    counted = name == "count" or name.startswith("distinct_")
+    return OutputColumn(alias or name, "bigint" if counted else "double precision", _output(name))
+
+
+def _bucket_start(row: RowParts) -> str:
+    return format_time(row.window[0])
+
+
+def _source(row: RowParts) -> str:
+    return row.source
+
+
+def _group_value(at: int) -> Callable[[RowParts], str]:
+    def read(row: RowParts) -> str:
+        return row.group[at]
+
+    return read
+
+
+def _output(name: str) -> Callable[[RowParts], Any]:
+    def read(row: RowParts) -> Any:
+        return row.values.get(name)
+
+    return read
+
+
+async def explain(statement: SqlStatement, view: MergedView, db: AsyncDb) -> Answer[list[str]]:
+    """The plan of a compiled statement, a line each, against the served row this process
+    holds (none before its first read): what it reads (the metric or the rollup chosen), its
+    windows, and how many come from each view by their position against W (rule 8 in
+    docs/semantics.md). Nothing is read but the row and the speed view's status."""
+    query = statement.query
+    metric = query.metric
+    served = None if db.served is None else await db.served.row_for(metric)
+    watermark = None if served is None else served.watermark
+    speed_status = await view.speed.status()
+    if isinstance(query, KeysQuery):
+        lines = [f"Keys of {metric.name} with a cell in {_range(query.start_ms, query.end_ms)}"]
+        reads, selection, windows = metric, query.selection, [(query.start_ms, query.end_ms)]
+    else:
+        reads, selection = answering_plan(view.settings, metric, query.selection)
+        if isinstance(query, TopQuery):
+            window = (query.start_ms, query.end_ms)
+            lines = [f"Top {query.n} groups of {metric.name} by {query.by} over {_range(*window)}"]
+            windows = [window]
+        elif isinstance(query, TotalQuery):
+            windows = [(query.start_ms, query.end_ms)]
+            lines = [f"Total of {metric.name} over {_range(*windows[0])}"]
+        else:
+            spec = query.spec
+            windows = spec.windows(query.start_ms, query.end_ms)
+            size = format_duration(spec.size_ms)
+            step = "" if spec.step_ms == spec.size_ms else f" every {format_duration(spec.step_ms)}"
+            zone = "" if spec.tz is None else f" in {spec.tz}"
+            lines = [
+                f"Series of {metric.name}: {len(windows)} windows of {size}{step}{zone} starting "
+                f"in {_range(query.start_ms, query.end_ms)}"
+            ]
+    rollup = "" if reads is metric else " (the smallest rollup keeping every dimension used)"
+    lines.append(f"  reads {reads.name}{rollup}")
+    if selection.filters:
+        filters = " AND ".join(
+            f"{d} IN ({', '.join(map(repr, sorted(v)))})" for d, v in selection.filters
+        )
+        lines.append(f"  filters: {filters}")
+    if selection.group_by:
+        lines.append(f"  group by: {', '.join(selection.group_by)}")
+    if watermark is None:
+        lines.append("  W: none served yet (every window from the speed view)")
+    else:
+        batch = sum(1 for _, end in windows if end <= watermark)
+        speed = sum(1 for start, _ in windows if start >= watermark)
+        lines.append(
+            f"  W = {format_time(watermark)}; windows from the batch view: {batch}, "
+            f"straddling W: {len(windows) - batch - speed}, from the speed view: {speed}"
+        )
+    batch_status = "ok" if served is None or served.reachable else "unavailable"
+    return Answer(lines, watermark, speed_status, batch_status)
+
+
+def _range(start_ms: int, end_ms: int) -> str:
+    return f"[{format_time(start_ms)}, {format_time(end_ms)})"
