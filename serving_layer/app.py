@@ -28,6 +28,7 @@ from serving_layer.observability import (
     ServingMetrics,
     WatermarkAgeCollector,
 )
+from serving_layer.pg_wire import WireServer
 from serving_layer.pools import AsyncDb, Db, async_pool, blocking_pool
 from serving_layer.responses import JSONResponse
 from serving_layer.routes import dashboard, health, metrics, runs, sql, status
@@ -70,11 +71,19 @@ def create_app(settings: Settings) -> FastAPI:
         served.start()
         app.state.async_db = AsyncDb(query_pool, served)
         app.state.kafka = KafkaProbe(settings.kafka, settings.serving.kafka_timeout_s)
+        wire = None
+        if settings.serving.pg_port is not None:
+            statements = app.state.sql_statements
+            wire = WireServer(settings, statements, app.state.view, app.state.async_db)
+            await wire.start()
+        app.state.wire = wire
         collector = WatermarkAgeCollector(settings, app.state.pg_pool, app.state.view_pool)
         observer.add_scrape_time(collector)
         try:
             yield
         finally:
+            if wire is not None:
+                await wire.stop()
             observer.remove_scrape_time(collector)
             app.state.kafka.close()
             app.state.pg_pool.close()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -60,20 +60,29 @@ _PLAIN = {exp.Sum: "sum", exp.Min: "min", exp.Max: "max", exp.Avg: "avg"}
 
 
 class SqlError(HTTPException):
-    """A statement the dialect cannot answer: a 400 saying where (line and column) and why."""
+    """A statement the dialect cannot answer: a 400 saying where (line and column) and why;
+    `position` is the character it points at, from 1 (PostgreSQL's error field `P`)."""
 
-    def __init__(self, message: str, node: exp.Expr | None = None) -> None:
-        where = _position(node)
-        super().__init__(400, detail=f"{where}{message}" if where else message)
+    def __init__(
+        self, message: str, node: exp.Expr | None = None, position: int | None = None
+    ) -> None:
+        where = _placed(node)
+        if where is not None:
+            line, column, position = where
+            message = f"line {line}, column {column}: {message}"
+        super().__init__(400, detail=message)
+        self.message = message
+        self.position = position
 
 
-def _position(node: exp.Expr | None) -> str:
-    """`line L, column C: ` of the first token of `node` that sqlglot placed, or ''."""
+def _placed(node: exp.Expr | None) -> tuple[int, int, int] | None:
+    """(line, column, character from 1) of the first token of `node` sqlglot placed."""
     for part in () if node is None else node.walk():
         meta = part.meta
         if "line" in meta:
-            return f"line {meta['line']}, column {meta['col'] - (meta['end'] - meta['start'])}: "
-    return ""
+            width = meta["end"] - meta["start"]
+            return meta["line"], meta["col"] - width, meta["start"] + 1
+    return None
 
 
 @dataclass(frozen=True)
@@ -145,10 +154,32 @@ class SqlStatement:
 _EXPLAIN = re.compile(r"\s*EXPLAIN\s", re.IGNORECASE)
 
 
-def compile_sql(settings: Settings, text: str) -> SqlStatement:
-    """The statement `text` compiled against the configured metrics (raises SqlError).
-    `EXPLAIN <statement>` compiles the statement, blanking the keyword so that positions in
-    errors still count from the start of `text`."""
+def compile_sql(settings: Settings, text: str, params: Sequence[str | None] = ()) -> SqlStatement:
+    """The statement `text` compiled against the configured metrics (raises SqlError), its
+    parameters `$1`, `$2`, ... bound to `params` (as the wire protocol's Bind sends them:
+    text, a number where it reads as one). `EXPLAIN <statement>` compiles the statement."""
+    explained, select = _parsed(text)
+    _bind(select, params)
+    statement = _Compiler(settings, text, select).compile()
+    return statement if not explained else replace(statement, explain=True)
+
+
+def columns_of(settings: Settings, text: str) -> tuple[OutputColumn, ...]:
+    """The columns `text` answers, from its select list alone (its parameters unbound): what
+    the wire protocol's Describe of a statement asks before any Bind."""
+    explained, select = _parsed(text)
+    if explained:
+        return (OutputColumn(PLAN_COLUMN, "text", _source),)
+    return _Compiler(settings, text, select).columns()
+
+
+PLAN_COLUMN = "QUERY PLAN"
+"""The one column of an `EXPLAIN` answer, as PostgreSQL names it."""
+
+
+def _parsed(text: str) -> tuple[bool, exp.Select]:
+    """Whether `text` is an EXPLAIN, and its SELECT. The keyword is blanked, not cut, so that
+    positions in errors still count from the start of `text`."""
     explained = _EXPLAIN.match(text)
     source = text if explained is None else " " * explained.end() + text[explained.end() :]
     try:
@@ -157,7 +188,10 @@ def compile_sql(settings: Settings, text: str) -> SqlStatement:
         first = exc.errors[0] if exc.errors else {}
         where = f"line {first.get('line')}, column {first.get('col')}: " if first else ""
         description = first.get("description", exc)
-        raise SqlError(f"{where}cannot parse the statement: {description}") from None
+        raise SqlError(
+            f"{where}cannot parse the statement: {description}",
+            position=_character(source, first.get("line"), first.get("col")),
+        ) from None
     except sqlglot.errors.SqlglotError as exc:
         raise SqlError(f"cannot parse the statement: {exc}") from None
     if len(statements) != 1 or statements[0] is None:
@@ -167,8 +201,40 @@ def compile_sql(settings: Settings, text: str) -> SqlStatement:
         raise SqlError(
             "the SQL interface is read-only: send one SELECT (or EXPLAIN SELECT)", select
         )
-    statement = _Compiler(settings, text, select).compile()
-    return statement if explained is None else replace(statement, explain=True)
+    return explained is not None, select
+
+
+def _character(text: str, line: int | None, column: int | None) -> int | None:
+    """The character (from 1) at a line and column (both from 1) of `text`."""
+    if line is None or column is None:
+        return None
+    lines = text.split("\n")
+    return sum(len(before) + 1 for before in lines[: line - 1]) + column
+
+
+def _bind(select: exp.Select, params: Sequence[str | None]) -> None:
+    """Each `$n` in `select` replaced by the literal of `params[n - 1]`, in place."""
+    for parameter in list(select.find_all(exp.Parameter)):
+        at = parameter.this
+        number = int(at.this) if isinstance(at, exp.Literal) and str(at.this).isdigit() else 0
+        if not 1 <= number <= len(params):
+            raise SqlError(f"${number} is not bound: send {number} parameters or more", parameter)
+        value = params[number - 1]
+        literal: exp.Expr
+        if value is None:
+            literal = exp.Null()
+        elif _NUMBER.fullmatch(value):
+            literal = exp.Literal.number(value)
+        else:
+            literal = exp.Literal.string(value)
+        literal.meta.update(parameter.meta)
+        parameter.replace(literal)
+
+
+_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+_LOCAL_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]+)?)?")
+"""A time without an offset (PostgreSQL reads it in the session's TimeZone, UTC here)."""
+_NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 
 
 class SqlStatements:
@@ -178,16 +244,20 @@ class SqlStatements:
     def __init__(self, settings: Settings, capacity: int = 1024) -> None:
         self.settings = settings
         self.capacity = capacity
-        self._compiled: OrderedDict[str, SqlStatement] = OrderedDict()
+        self._compiled: OrderedDict[tuple[str, tuple[str | None, ...]], SqlStatement] = (
+            OrderedDict()
+        )
 
-    def compile(self, text: str) -> SqlStatement:
-        statement = self._compiled.get(text)
+    def compile(self, text: str, params: Sequence[str | None] = ()) -> SqlStatement:
+        """`text` compiled with `params` bound: kept, or compiled (then kept)."""
+        name = (text, tuple(params))
+        statement = self._compiled.get(name)
         if statement is None:
-            statement = self._compiled[text] = compile_sql(self.settings, text)
+            statement = self._compiled[name] = compile_sql(self.settings, text, params)
             if len(self._compiled) > self.capacity:
                 self._compiled.popitem(last=False)
         else:
-            self._compiled.move_to_end(text)
+            self._compiled.move_to_end(name)
         return statement
 
 
@@ -201,6 +271,14 @@ class _Compiler:
         self.metric = self._table()
         self.quantiles: list[Decimal] = []
 
+    def columns(self) -> tuple[OutputColumn, ...]:
+        """The columns of the select list, nothing else checked."""
+        group_dims, bucket = self._group_by()
+        items = [self._item(e, group_dims, bucket) for e in self.select.expressions]
+        distinct = bool(self.select.args.get("distinct"))
+        row_dims = self.metric.key if distinct else tuple(group_dims)
+        return tuple(_column(kind, name, node, row_dims) for kind, name, node in items)
+
     def compile(self) -> SqlStatement:
         select, metric = self.select, self.metric
         self._refuse_unsupported()
@@ -212,8 +290,7 @@ class _Compiler:
         # only the quantiles the statement asks for (none: a quantiles metric renders none)
         render = RenderOptions(tuple(dict.fromkeys(self.quantiles)))
         distinct = bool(select.args.get("distinct"))
-        row_dims = metric.key if distinct else tuple(group_dims)
-        columns = tuple(_column(kind, name, node, row_dims) for kind, name, node in items)
+        columns = self.columns()
         selection = Selection(metric.key, filters, tuple(group_dims))
         limit = self._limit()
         query: Query
@@ -378,15 +455,17 @@ class _Compiler:
         if not isinstance(literal, exp.Literal):
             raise SqlError("compare ts with a time literal, e.g. '2026-12-01T00:00:00Z'", node)
         text = literal.this if literal.is_string else str(literal.this)
-        if len(text) == 10 and text[4] == "-" and text[7] == "-":
+        if _DATE.fullmatch(text):
             text += "T00:00:00Z"  # a date: its UTC midnight
+        elif _LOCAL_TIME.fullmatch(text):
+            text = text.replace(" ", "T") + "Z"  # no offset: the session's TimeZone, UTC
         try:
-            return time_of("ts", text.replace(" ", "T", 1) if "T" not in text else text)
+            return time_of("ts", text.replace(" ", "T", 1))
         except HTTPException as exc:
             raise SqlError(str(exc.detail), node) from None
 
     def _text(self, node: exp.Expression, dim: str) -> str:
-        if not isinstance(node, exp.Literal) or not node.is_string:
+        if not isinstance(node, exp.Literal):  # a number is its text (a bound parameter)
             raise SqlError(f"compare {dim} with a string literal, e.g. {dim} = 'x'", node)
         try:
             check_key_text(dim, node.this)

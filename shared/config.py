@@ -691,6 +691,14 @@ class ServingSettings(_Strict):
     reflects every publication committed before it arrived. Off: no round trip at all, and
     an answer may lag a publication by its announcement's delivery (microseconds to a few
     milliseconds)."""
+    pg_port: int | None = Field(default=None, ge=1, le=65535)
+    """The port each API process answers SQL on in the PostgreSQL wire protocol (psql, BI
+    tools), on `host`; unset: off. With tokens configured a client sends one as its password
+    (any user name); the protocol runs without TLS, so beyond `127.0.0.1` put a
+    TLS-terminating proxy in front (docs/sql.md)."""
+    max_pg_connections: int = Field(default=64, ge=1)
+    """Wire-protocol connections one API process holds at once; any more are refused with
+    SQLSTATE 53300 (too_many_connections) at once."""
     batch_view_url: str | None = None
     """A libpq URL of a PostgreSQL streaming replica of `postgres.url` to read the batch view
     from (queries, `/v1/status`'s W, and the speed layer's reads of the served row); the

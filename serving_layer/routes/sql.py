@@ -12,11 +12,8 @@ from serving_layer.deps import QueryDep
 from serving_layer.read_plan import Answer
 from serving_layer.responses import JSONResponse
 from serving_layer.schemas import SqlRequest, SqlResponse, problems
-from serving_layer.sql import SqlStatements, explain
+from serving_layer.sql import PLAN_COLUMN, SqlStatements, explain
 from serving_layer.timefmt import format_time
-
-PLAN_COLUMN = "QUERY PLAN"
-"""The one column of an `EXPLAIN` answer, as PostgreSQL names it."""
 
 router = APIRouter(prefix="/v1/sql", tags=["sql"], dependencies=[ReaderDep])
 

@@ -4,15 +4,25 @@ statement the dialect cannot answer is a 400 saying where and what to send."""
 
 from __future__ import annotations
 
+import os
 import random
+import socket
+import struct
+import subprocess
+from datetime import datetime
 from typing import Any
 
+import pandas as pd
+import psycopg
 import pytest
+import sqlalchemy
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 
 from serving_layer import create_app
 from serving_layer.timefmt import format_time
 from tests.conftest import Platform
+from tests.serving.api_process import free_port
 from tests.serving.views import load_views, random_events
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(120)]
@@ -204,3 +214,126 @@ def test_statements_the_dialect_cannot_answer_say_where_and_what(platform: Platf
             client, f"SELECT COUNT(*) FROM views_by_page WHERE {SPAN} AND page = 'a\x00b'"
         )
         assert "NUL" in detail, detail
+
+
+def test_the_wire_protocol_answers_psql_psycopg_and_sqlalchemy(platform: Platform) -> None:
+    settings = platform.settings
+    port = free_port()
+    serving = settings.serving.model_copy(update={"pg_port": port, "max_pg_connections": 2})
+    wired = settings.model_copy(update={"serving": serving})
+    events = random_events(random.Random(43), T0 - HOUR, T0 + HOUR, 900, PAGES)
+    load_views(settings, events, W, 43)
+    series = (
+        "SELECT time_bucket('5m', ts) AS t, page, COUNT(*) AS views, AVG(latency_ms) AS avg "
+        f"FROM views_by_page WHERE {SPAN} GROUP BY 1, 2"
+    )
+    dsn = f"host=127.0.0.1 port={port} user=reader dbname=lambda"
+    with TestClient(create_app(wired)) as client:
+        http = _sql(client, series, "arrays")["rows"]
+        expected = [(datetime.fromisoformat(t), page, n, avg) for t, page, n, avg in http]
+        assert len(expected) > 20
+
+        # psycopg: the simple protocol, a prepared statement with parameters, binary results
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            assert conn.execute(series).fetchall() == expected
+            prepared = (
+                "SELECT time_bucket('5m', ts) AS t, page, COUNT(*) AS views, AVG(latency_ms) "
+                "AS avg FROM views_by_page WHERE ts >= %s AND ts < %s AND page = %s GROUP BY 1, 2"
+            )
+            bounds = (
+                datetime.fromisoformat(format_time(T0 - HOUR)),
+                datetime.fromisoformat(format_time(T0 + HOUR)),
+            )
+            for _ in range(3):  # the third execution runs the server-side prepared statement
+                rows = conn.execute(prepared, (*bounds, "/a"), prepare=True).fetchall()
+                assert rows == [row for row in expected if row[1] == "/a"]
+            with conn.cursor(binary=True) as cursor:
+                assert cursor.execute(series).fetchall() == expected
+            with pytest.raises(psycopg.errors.SyntaxError) as refused:
+                conn.execute(f"SELECT STDDEV(latency_ms) FROM views_by_page WHERE {SPAN}")
+            assert refused.value.diag.statement_position == "8"
+            assert "it answers COUNT(*)" in str(refused.value)
+
+        # SQLAlchemy's inspector and pandas.read_sql
+        engine = sqlalchemy.create_engine(
+            f"postgresql+psycopg://reader@127.0.0.1:{port}/lambda",
+            connect_args={"cursor_factory": psycopg.ClientCursor},
+        )
+        try:
+            inspector = sqlalchemy.inspect(engine)
+            assert set(inspector.get_table_names()) == {"views_by_page", "views_total"}
+            columns = {c["name"]: str(c["type"]) for c in inspector.get_columns("views_by_page")}
+            assert columns == {"ts": "TIMESTAMP", "page": "TEXT", "source": "TEXT"}
+            with engine.connect() as conn:
+                frame = pd.read_sql(sqlalchemy.text(series), conn)
+            assert list(frame.columns) == ["t", "page", "views", "avg"]
+            assert frame["views"].sum() == len(events)
+        finally:
+            engine.dispose()
+
+        # psql, as a person would use it
+        psql = ["psql", "-X", "-h", "127.0.0.1", "-p", str(port), "-U", "reader", "-d", "lambda"]
+        env = {**os.environ, "PGCONNECT_TIMEOUT": "5"}
+
+        def run(*args: str) -> str:
+            done = subprocess.run(
+                [*psql, *args], capture_output=True, text=True, timeout=30, env=env, check=False
+            )
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        listed = run("-c", "\\dt")
+        assert "views_by_page" in listed and "views_total" in listed, listed
+        described = run("-c", "\\d views_by_page")
+        assert "timestamptz" in described and "page" in described, described
+        answered = run("-A", "-t", "-F", ",", "-c", series)
+        assert len(answered.splitlines()) == len(expected)
+        total = sum(int(line.split(",")[2]) for line in answered.splitlines())
+        assert total == len(events)
+
+        # hostile clients are dropped without harming the others: garbage, a 1 GB length, a
+        # client that never finishes its startup; past max_pg_connections a client is refused
+        client.app.state.wire.startup_timeout_s = 0.5  # type: ignore[attr-defined]
+
+        def answer_to(data: bytes, closes: bool = True) -> bytes:
+            """What the server sends back, until it closes the connection (or, with `closes`
+            false, until it has been quiet for a second)."""
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                sock.sendall(data)
+                sock.settimeout(10 if closes else 1)
+                chunks = []
+                try:
+                    while chunk := sock.recv(65536):
+                        chunks.append(chunk)
+                except TimeoutError:
+                    assert not closes, "the server kept the connection open"
+                return b"".join(chunks)
+
+        startup = struct.pack("!ii", 8, 196608)  # protocol 3.0, no parameters
+        with psycopg.connect(dsn, autocommit=True) as kept:
+            assert answer_to(struct.pack("!ii", 1 << 30, 196608)) == b""  # a 1 GB startup packet
+            assert answer_to(b"") == b""  # silent: dropped at the startup timeout
+            garbage = answer_to(startup + b"\xff" * 64, closes=False)
+            assert garbage.startswith(b"R") and b"E" in garbage  # answered with errors
+            assert b"unsupported message type" in garbage
+            huge = answer_to(startup + b"Q" + struct.pack("!i", 1 << 30))  # a 1 GB query
+            assert huge.startswith(b"R") and b"Z" in huge  # it got as far as the query: dropped
+            with (
+                psycopg.connect(dsn, autocommit=True),
+                pytest.raises(psycopg.OperationalError, match="too many connections"),
+            ):
+                psycopg.connect(dsn, connect_timeout=5)
+            assert kept.execute(series).fetchall() == expected
+
+    # with tokens configured, a reader token is the password (any user name)
+    port = free_port()
+    serving = settings.serving.model_copy(update={"pg_port": port})
+    auth = settings.auth.model_copy(update={"reader_tokens": (SecretStr("reader-secret"),)})
+    guarded = settings.model_copy(update={"serving": serving, "auth": auth})
+    dsn = f"host=127.0.0.1 port={port} user=anyone dbname=lambda"
+    with TestClient(create_app(guarded)):
+        with psycopg.connect(f"{dsn} password=reader-secret", autocommit=True) as conn:
+            assert conn.execute(series).fetchall() == expected
+        for wrong in ("password=nope", "password=reader-secre"):
+            with pytest.raises(psycopg.OperationalError, match="password"):
+                psycopg.connect(f"{dsn} {wrong}", connect_timeout=5)
