@@ -193,11 +193,19 @@ def serve(
         int | None,
         typer.Option(min=1, max=64, help="API processes on the port (default: serving.workers)"),
     ] = None,
+    pg_port: Annotated[
+        int | None,
+        typer.Option(
+            min=1, max=65535, help="also answer SQL in the PostgreSQL wire protocol on this port"
+        ),
+    ] = None,
 ) -> None:
     """Run the HTTP API (and dashboard) with uvicorn."""
     from serving_layer import run_server
     from serving_layer.auth import check_open_access
 
+    if pg_port is not None:  # in the environment, so that every worker process reads it
+        os.environ["LAMBDA_SERVING__PG_PORT"] = str(pg_port)
     settings = _settings()
     check_open_access(settings)
     run_server(settings, host, port, access_log, workers)

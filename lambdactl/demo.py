@@ -264,6 +264,11 @@ def _minutes(ms: int) -> str:
     return " ".join(parts)
 
 
+DEMO_PG_PORT = 5433
+"""Where the demo's API answers SQL in the PostgreSQL wire protocol, unless `serving.pg_port`
+says otherwise."""
+
+
 def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None:
     from lambdactl.batch_watch import watch_run
     from shared.db.connect import connect
@@ -289,7 +294,9 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
         if not watch_run(settings, RunRequest("full"), console, execute_here=False):
             raise LambdaError(f"the first batch run failed; see {logs / 'batch-runner.log'}")
         children.start("speed worker", _lambdactl("speed"), logs / "speed.log")
-        children.start("API", _lambdactl("serve"), logs / "serve.log")
+        pg_port = settings.serving.pg_port or DEMO_PG_PORT
+        serve = _lambdactl("serve", "--pg-port", str(pg_port))
+        children.start("API", serve, logs / "serve.log")
         _wait_for_api(base, children, logs / "serve.log")
         metric = settings.metrics[0]
         key = "".join(f"&{d}=/" for d in metric.key)
@@ -299,6 +306,10 @@ def run_demo(settings: Settings, options: DemoOptions, console: Console) -> None
             f"  dashboard: {base}/\n  API docs:  {base}/docs\n"
             f"  sample:    curl '{base}/v1/metrics/{metric.name}/series?window=1m"
             f"&start={format_time(hour_ago)}&end={format_time(hour_ago + 120 * MINUTE)}{key}'\n"
+            f"  SQL:       psql -h {settings.serving.host} -p {pg_port} -U demo -d lambda -c "
+            f"\"SELECT time_bucket('1h', ts) AS hour, COUNT(*) FROM {metric.name} WHERE "
+            f"ts >= '{format_time(hour_ago - 23 * 60 * MINUTE)}' AND ts < "
+            f"'{format_time(hour_ago + 120 * MINUTE)}' GROUP BY 1\"\n"
             f"  logs:      {logs}\n"
             f"Live events flow now, {options.live_rate_per_s:g} a second (as the history); an "
             f"incremental batch run is queued every {options.batch_every_s:.0f} s. Ctrl-C "

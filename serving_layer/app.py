@@ -154,6 +154,7 @@ def run_server(
         _keep_startup_out_of_gc()
         uvicorn.run(app, **bind)
         return
+    os.environ["LAMBDA_SERVING__WORKERS"] = str(count)  # each binds `pg_port` sharing it
     with _multiprocess_metrics_dir():
         uvicorn.run(
             f"{__name__}:{app_from_environment.__name__}", factory=True, workers=count, **bind

@@ -31,6 +31,7 @@ from shared.config import Settings
 from shared.errors import LambdaError, ServiceUnavailableError
 
 SERVER_VERSION = "16.0"
+SERVER_VERSION_NUM = "160000"
 """What `server_version` and `version()` report: the PostgreSQL whose SQL the dialect parses
 (sqlglot's `postgres`); clients pick their catalog queries by it."""
 
@@ -74,6 +75,10 @@ class MetricTables(Session):
         self._view = view
         self._db = db
 
+    async def init(self, connection: Any) -> None:
+        await super().init(connection)
+        connection.session_vars["server_version_num"] = SERVER_VERSION_NUM  # Grafana asks
+
     async def schema(self) -> dict[str, dict[str, str]]:
         """Each metric's table for `information_schema` and `pg_catalog` (`\\dt`, `\\d m`,
         SQLAlchemy's inspector): `ts`, the key dimensions and `source`."""
@@ -84,6 +89,7 @@ class MetricTables(Session):
                 sql.SOURCE_COLUMN: "text",
             }
             for metric in self._settings.metrics
+            if metric.session is None  # a session metric is no table yet (docs/sql.md)
         }
 
     async def describe(self, text: str, param_oids: list[int | None]) -> list[ResultColumn]:
@@ -265,8 +271,10 @@ class WireServer(PgServer):
         dropped: a silent client holds no connection slot longer."""
 
     async def start(self) -> None:
+        """Listen on `serving.pg_port`; the processes of `serving.workers` share it (each
+        binds it with SO_REUSEPORT), a lone process refuses a port already taken."""
         serving = self._settings.serving
-        await self.start_server(serving.host, serving.pg_port, reuse_port=True)
+        await self.start_server(serving.host, serving.pg_port, reuse_port=serving.workers > 1)
 
     async def stop(self) -> None:
         self.close()

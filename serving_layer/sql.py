@@ -419,6 +419,11 @@ class _Compiler:
         end: int | None = None
         filters: dict[str, frozenset[str]] = {}
         for term in _conjuncts(None if where is None else where.this):
+            if isinstance(term, exp.Between) and _is_ts(term.this):  # Grafana's $__timeFilter
+                low, high = self._time(term.args["low"]), self._time(term.args["high"])
+                start = low if start is None else max(start, low)
+                end = high + 1 if end is None else min(end, high + 1)  # windows starting <= high
+                continue
             if isinstance(term, exp.GTE | exp.LT | exp.GT | exp.LTE) and _is_ts(term.this):
                 if not isinstance(term, exp.GTE | exp.LT):
                     raise SqlError("bound ts as ts >= <start> AND ts < <end> (half-open)", term)
@@ -529,7 +534,7 @@ class _Compiler:
                     "time_bucket('<n>m|h|d', ts)",
                     node,
                 )
-        else:
+        else:  # time_bucket, or the epoch bucket (its window made a string above)
             first = args[0]
             if not isinstance(first, exp.Literal) or not first.is_string:
                 raise SqlError("time_bucket takes the window as a string, e.g. '1h'", node)
@@ -557,10 +562,11 @@ class _Compiler:
         """A select item as (kind, the output it reads, the node): kind `bucket`, `dim`,
         `source` or `aggregate`."""
         inner = node.this if isinstance(node, exp.Alias) else node
-        if _bucket_call(inner) is not None:
+        call = _bucket_call(inner)
+        if call is not None:
             if bucket is None:
                 raise SqlError("a time bucket is selected: group by it too", node)
-            return "bucket", TIME_COLUMN, node
+            return ("epoch" if call[0] == EPOCH_BUCKET else "bucket"), TIME_COLUMN, node
         if isinstance(inner, exp.Column):
             name = inner.name
             if name == SOURCE_COLUMN and name not in self.metric.key:
@@ -675,23 +681,42 @@ def _is_ts(node: exp.Expression | None) -> bool:
     return isinstance(node, exp.Column) and node.name == TIME_COLUMN
 
 
+EPOCH_BUCKET = "floor(extract(epoch from ts) / n) * n"
+"""Grafana's `$__timeGroup(ts, '5m')` as its PostgreSQL data source expands it: the bucket
+as epoch seconds."""
+
+
 def _bucket_call(node: exp.Expression) -> tuple[str, list[Any]] | None:
-    """(`time_bucket` | `date_trunc`, its arguments) of a bucketing call, else None."""
+    """(`time_bucket` | `date_trunc` | `EPOCH_BUCKET`, its arguments: the window, `ts`[, the
+    zone]) of a bucketing expression, else None."""
     if isinstance(node, exp.Anonymous) and str(node.this).lower() == "time_bucket":
         return "time_bucket", list(node.expressions)
     if isinstance(node, exp.TimestampTrunc):
         zone = node.args.get("zone")
         return "date_trunc", [node.args.get("unit"), node.this, *([zone] if zone else [])]
+    floor = node.this if isinstance(node, exp.Mul) else None
+    divided = floor.this if isinstance(floor, exp.Floor) else None
+    if isinstance(divided, exp.Div) and isinstance(divided.this, exp.Extract):
+        extract, size = divided.this, divided.expression
+        epoch = str(extract.this.this).upper() == "EPOCH"
+        same = isinstance(size, exp.Literal) and size == node.expression
+        if epoch and same:
+            return EPOCH_BUCKET, [exp.Literal.string(f"{size.this}s"), extract.expression]
     return None
 
 
 def _duration_text(text: str) -> str:
-    """'1 hour', '15 minutes', '1h' -> the platform's spelling ('1h', '15m')."""
+    """'1 hour', '15 minutes', '300.000s' (Grafana's seconds), '1h' -> the platform's spelling
+    ('1h', '15m', '300s')."""
     units = {"minute": "m", "minutes": "m", "hour": "h", "hours": "h", "day": "d", "days": "d"}
     for word, unit in units.items():
         if text.endswith(word) and text[: -len(word)].isdigit():
             return text[: -len(word)] + unit
-    return text
+    seconds = _WHOLE_SECONDS.fullmatch(text)
+    return text if seconds is None else f"{seconds.group(1)}s"
+
+
+_WHOLE_SECONDS = re.compile(r"([0-9]+)(?:\.0*)?s")
 
 
 def _fraction(node: exp.Expression) -> Decimal:
@@ -710,6 +735,8 @@ def _column(kind: str, name: str, node: exp.Expression, row_dims: tuple[str, ...
     alias = node.alias if isinstance(node, exp.Alias) and node.alias else None
     if kind == "bucket":
         return OutputColumn(alias or TIME_COLUMN, "timestamptz", _bucket_start)
+    if kind == "epoch":
+        return OutputColumn(alias or TIME_COLUMN, "bigint", _bucket_epoch_s)
     if kind == "dim":
         return OutputColumn(alias or name, "text", _group_value(row_dims.index(name)))
     if kind == "source":
@@ -720,6 +747,10 @@ def _column(kind: str, name: str, node: exp.Expression, row_dims: tuple[str, ...
 
 def _bucket_start(row: RowParts) -> str:
     return format_time(row.window[0])
+
+
+def _bucket_epoch_s(row: RowParts) -> int:
+    return row.window[0] // 1000
 
 
 def _source(row: RowParts) -> str:

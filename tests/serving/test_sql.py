@@ -291,6 +291,37 @@ def test_the_wire_protocol_answers_psql_psycopg_and_sqlalchemy(platform: Platfor
         total = sum(int(line.split(",")[2]) for line in answered.splitlines())
         assert total == len(events)
 
+        # Grafana's PostgreSQL data source, as its macro engine expands a time-series panel
+        # (pkg/tsdb/grafana-postgresql-datasource/macros.go: $__timeFilter is BETWEEN two
+        # RFC 3339 UTC times, $__timeGroup floor(extract(epoch ...)/s)*s, or time_bucket with
+        # the TimescaleDB option), sent as one simple query, as pgx's Exec sends it
+        assert (
+            run(
+                "-A", "-t", "-c", "SELECT current_setting('server_version_num')::int/100 as version"
+            )
+            == "1600\n"
+        )
+        per_5m: dict[str, int] = {}
+        for t, _, n, _ in http:
+            per_5m[t] = per_5m.get(t, 0) + n
+        window = f"ts BETWEEN '{format_time(T0 - HOUR)}' AND '{format_time(T0 + HOUR)}'"
+        for bucket, as_epoch in (
+            ("floor(extract(epoch from ts)/300)*300", True),
+            ("time_bucket('300.000s',ts)", False),
+        ):
+            panel = (
+                f'SELECT {bucket} AS "time", count(*) AS "views" FROM views_by_page '
+                f"WHERE {window} GROUP BY 1 ORDER BY 1"
+            )
+            lines = run("-A", "-t", "-F", ",", "-c", panel).splitlines()
+            starts = [
+                str(int(datetime.fromisoformat(t).timestamp())) if as_epoch else t for t in per_5m
+            ]
+            shown = [line.split(",") for line in lines]
+            assert [n for _, n in shown] == [str(n) for n in per_5m.values()], panel
+            if as_epoch:
+                assert [t for t, _ in shown] == starts, panel
+
         # hostile clients are dropped without harming the others: garbage, a 1 GB length, a
         # client that never finishes its startup; past max_pg_connections a client is refused
         client.app.state.wire.startup_timeout_s = 0.5  # type: ignore[attr-defined]
