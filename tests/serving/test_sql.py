@@ -17,6 +17,8 @@ import psycopg
 import pytest
 import sqlalchemy
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pydantic import SecretStr
 
 from serving_layer import create_app
@@ -304,7 +306,8 @@ def test_the_wire_protocol_answers_psql_psycopg_and_sqlalchemy(platform: Platfor
         per_5m: dict[str, int] = {}
         for t, _, n, _ in http:
             per_5m[t] = per_5m.get(t, 0) + n
-        window = f"ts BETWEEN '{format_time(T0 - HOUR)}' AND '{format_time(T0 + HOUR)}'"
+        last = format_time(T0 + HOUR - 5 * MINUTE)  # BETWEEN holds the window starting there
+        window = f"ts BETWEEN '{format_time(T0 - HOUR)}' AND '{last}'"
         for bucket, as_epoch in (
             ("floor(extract(epoch from ts)/300)*300", True),
             ("time_bucket('300.000s',ts)", False),
@@ -368,3 +371,131 @@ def test_the_wire_protocol_answers_psql_psycopg_and_sqlalchemy(platform: Platfor
         for wrong in ("password=nope", "password=reader-secre"):
             with pytest.raises(psycopg.OperationalError, match="password"):
                 psycopg.connect(f"{dsn} {wrong}", connect_timeout=5)
+
+
+QUESTION_WINDOWS = {"1m": MINUTE, "5m": 5 * MINUTE, "1h": HOUR, "20m": 20 * MINUTE}
+
+
+@st.composite
+def questions(draw: st.DrawFn) -> dict[str, Any]:
+    """A question asked both ways: its shape, window, range (across W), filters, grouping,
+    aggregates and quantile."""
+    window = draw(st.sampled_from(sorted(QUESTION_WINDOWS)))
+    size = QUESTION_WINDOWS[window]
+    first = draw(st.integers(-3, 2))
+    count = draw(st.integers(1, 4))
+    start = T0 + first * size
+    shape = draw(st.sampled_from(["series", "total", "top"]))
+    if shape == "total":  # one window the HTTP API can ask for too: aligned to its length
+        start = start // (count * size) * (count * size)
+    pages = draw(
+        st.one_of(st.none(), st.lists(st.sampled_from(PAGES), min_size=1, max_size=2, unique=True))
+    )
+    return {
+        "shape": shape,
+        "window": window,
+        "start": start,
+        "end": start + count * size,
+        "pages": pages,
+        "group": draw(st.booleans()),
+        "q": draw(st.sampled_from(["0.5", "0.9", "0.99"])),
+    }
+
+
+def _ask(client: TestClient, question: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    """The question's rows as POST /v1/sql answers it and as the HTTP API does, alike."""
+    shape, window, q = question["shape"], question["window"], question["q"]
+    start, end = question["start"], question["end"]
+    where = f"ts >= '{format_time(start)}' AND ts < '{format_time(end)}'"
+    params: dict[str, Any] = {"start": format_time(start), "end": format_time(end)}
+    if question["pages"]:
+        listed = ", ".join(f"'{p}'" for p in question["pages"])
+        where += f" AND page IN ({listed})"
+        params["page"] = question["pages"]
+    if shape == "top":
+        end = start + QUESTION_WINDOWS[window]
+        where = where.replace(format_time(question["end"]), format_time(end))
+        body = _sql(
+            client,
+            f"SELECT page, APPROX_PERCENTILE(latency_ms, {q}) AS p FROM views_by_page "
+            f"WHERE {where} GROUP BY page ORDER BY p DESC LIMIT 2",
+            "arrays",
+        )
+        top = client.get(
+            "/v1/metrics/views_by_page/top",
+            params={
+                **({"page": question["pages"]} if question["pages"] else {}),
+                "window": window,
+                "at": format_time(start),
+                "by": f"p{float(q) * 100:g}",
+                "n": "2",
+                "q": q,
+                "group_by": "page",
+            },
+        )
+        assert top.status_code == 200, top.text
+        return body["rows"], [[i["key"]["page"], i["value"]] for i in top.json()["items"]]
+    group = ", page" if question["group"] else ""
+    head = f"time_bucket('{window}', ts) AS t, " if shape == "series" else ""
+    body = _sql(
+        client,
+        f"SELECT {head}COUNT(*) AS n, MIN(latency_ms), APPROX_COUNT_DISTINCT(user_id), "
+        f"APPROX_PERCENTILE(latency_ms, {q}) AS p{group} FROM views_by_page WHERE {where} "
+        f"GROUP BY {'1' if head else ''}{group.lstrip(', ') if not head else group}",
+        "arrays",
+    )
+    size = window if shape == "series" else f"{(end - start) // MINUTE}m"
+    api = {**params, "window": size, "q": q}
+    if question["group"]:
+        api["group_by"] = "page"
+    answer = client.get("/v1/metrics/views_by_page/series", params=api)
+    assert answer.status_code == 200, answer.text
+    shown = answer.json()
+    groups = shown["groups"] if question["group"] else [{"key": {}, "points": shown["points"]}]
+    pname = f"p{float(q) * 100:g}"
+    rows = sorted(
+        [
+            *([p["start"]] if head else []),
+            p["count"],
+            p["min"],
+            p["distinct_user_id"],
+            p[pname],
+            *([g["key"]["page"]] if question["group"] else []),
+        ]
+        for g in groups
+        for p in g["points"]
+        if shape == "series" or p["start"] == format_time(start)
+    )
+    return sorted(body["rows"], key=lambda r: [str(v) for v in r]), sorted(
+        rows, key=lambda r: [str(v) for v in r]
+    )
+
+
+def test_random_questions_answer_alike_in_sql_and_http_and_count_as_the_oracle(
+    platform: Platform,
+) -> None:
+    events = random_events(random.Random(47), T0 - 3 * HOUR, T0 + 2 * HOUR, 2000, PAGES)
+    load_views(platform.settings, events, W, 47)
+    with TestClient(create_app(platform.settings)) as client:
+
+        @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(questions())
+        def alike(question: dict[str, Any]) -> None:
+            in_sql, in_http = _ask(client, question)
+            assert in_sql == in_http, question
+            if question["shape"] != "top":
+                pages = set(question["pages"] or PAGES)
+                span = (
+                    question["end"] - question["start"]
+                    if question["shape"] == "total"
+                    else QUESTION_WINDOWS[question["window"]]
+                )
+                counted = sum(r[1 if question["shape"] == "series" else 0] for r in in_sql)
+                starts = range(question["start"], question["end"], span)
+                assert counted == sum(
+                    1
+                    for e in events
+                    if e.key[0] in pages and any(s <= e.time_ms < s + span for s in starts)
+                ), question
+
+        alike()
