@@ -57,8 +57,14 @@ class RawHttp:
     async def get(self, path: str) -> int:
         return (await self.fetch(path))[0]
 
-    async def fetch(self, path: str) -> tuple[int, bytes]:
-        """(status, body) of `GET path`."""
+    async def send(self, target: str | tuple[str, bytes]) -> int:
+        """The status of `GET path`, or of `POST` of a JSON body when given `(path, body)`."""
+        if isinstance(target, str):
+            return await self.get(target)
+        return (await self.fetch(*target))[0]
+
+    async def fetch(self, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        """(status, body) of `GET path`, or of `POST path` with a JSON `body`."""
         while True:
             reused = bool(self._idle)
             if reused:
@@ -69,7 +75,14 @@ class RawHttp:
             else:
                 reader, writer = await asyncio.open_connection(self.host, self.port)
             try:
-                writer.write(f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\n\r\n".encode())
+                if body is None:
+                    writer.write(f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\n\r\n".encode())
+                else:
+                    writer.write(
+                        f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: "
+                        f"application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                        + body
+                    )
                 head = await reader.readuntil(b"\r\n\r\n")
                 break
             except (OSError, asyncio.IncompleteReadError):

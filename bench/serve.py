@@ -58,7 +58,12 @@ window straddling W and the ones after it merged from both stores):
 - `group_by`: `grid` with `group_by=page` (100 groups; no rollup keeps `page`, so every full
   key is read), its first request and then a constant rate (target p99 <= 250 ms; 2 req/s
   by default, for the same reason);
-- `s60_1000`: the s60 query at 1,000 req/s (target p99 <= 20 ms, >= 98% achieved).
+- `s60_1000`: the s60 query at 1,000 req/s (target p99 <= 20 ms, >= 98% achieved);
+- `sql` (between `vs_bare` and `top`): the s60 question as SQL (`measure_sql`): over HTTP,
+  `sql_cpu_ms` beside `sql_http_cpu_ms` (the HTTP API's, the same closed loop back to back),
+  `sql_vs_http_cpu` their ratio (target <= 1.3); in the wire protocol, a psycopg prepared
+  statement on 8 connections at 200 req/s, `wire_p99_ms` beside `wire_http_p99_ms` (the HTTP
+  API's s60 at the same rate), `wire_vs_http_p99` (target <= 1.5).
 
 The newest event is placed so that W falls `W_MINUTE` minutes into an hour whatever the time of
 the run (the cost of a merged series of hours depends on it). `serving.max_cells` is raised to
@@ -90,6 +95,7 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -147,11 +153,19 @@ W_MINUTE = 30
 """The newest event is the last minute before now that puts W this many minutes into an hour,
 so every run merges as much at query time: a series of hours recomputes the hour straddling W
 and the hours after it on every request (from 62 to 121 minutes of cells, by W's minute)."""
+Target = str | tuple[str, bytes]
+"""A request of the load generator: a GET path, or a POST path and its JSON body."""
+WIRE_RATE = 200
+"""Requests per second of `sql`'s open loops: the wire protocol's prepared statement and
+the HTTP API's s60, each alone."""
+WIRE_CONNECTIONS = 8
 GRID_MAX_CELLS = 1_000_000
 """`serving.max_cells` for the bench: a day of `grid_plain`'s total reads ~2 x 10^5 cells."""
 
 
-def bench_config(pg_url: str, redis_url: str, quantiles: bool = False) -> dict[str, Any]:
+def bench_config(
+    pg_url: str, redis_url: str, quantiles: bool = False, pg_port: int | None = None
+) -> dict[str, Any]:
     """The benchmark's metrics: `views` (`quantiles` adds `quantiles(latency_ms)` to it) and
     the grid pair, `grid` with rollups and `grid_plain` without, otherwise identical."""
     aggregations = ["count", "sum", "min", "max", "avg", "distinct(user_id)"]
@@ -185,7 +199,7 @@ def bench_config(pg_url: str, redis_url: str, quantiles: bool = False) -> dict[s
         ],
         "redis": {"url": redis_url},
         "postgres": {"url": pg_url},
-        "serving": {"max_cells": GRID_MAX_CELLS},
+        "serving": {"max_cells": GRID_MAX_CELLS, "pg_port": pg_port},
     }
 
 
@@ -382,7 +396,7 @@ def load_view(settings: Settings, newest: int, sparse_events: int, grid_event_co
 
 
 async def open_loop(
-    client: RawHttp, paths: Callable[[], str], rate: float, seconds: float
+    client: RawHttp, paths: Callable[[], Target], rate: float, seconds: float
 ) -> tuple[float, float, Errors]:
     """Send at a constant rate; latency from each request's scheduled time, so a generator or
     a server that falls behind is charged for it. One scheduler fires each request at its
@@ -394,7 +408,7 @@ async def open_loop(
 
     async def one(scheduled: float) -> None:
         try:
-            status = await client.get(paths())
+            status = await client.send(paths())
         except (OSError, asyncio.IncompleteReadError):
             status = 0
         if status != 200:
@@ -416,7 +430,7 @@ async def open_loop(
 
 async def closed_loop(
     client_factory: Callable[[], RawHttp],
-    paths: Callable[[], str],
+    paths: Callable[[], Target],
     concurrency: int,
     seconds: float | None = None,
     requests: int | None = None,
@@ -435,7 +449,7 @@ async def closed_loop(
             while remaining[0] > 0 and (deadline is None or clock() < deadline):
                 remaining[0] -= 1
                 started = clock()
-                status = await client.get(paths())
+                status = await client.send(paths())
                 latencies.append((clock() - started) * 1000)
                 if errors is not None and status != 200:
                     errors[status] += 1
@@ -584,7 +598,9 @@ def canned_app(port: int, body_file: str, params: bool) -> None:
     canned.__signature__ = signature  # type: ignore[attr-defined]
     router.add_api_route(SERIES_ROUTE.removeprefix(metrics.router.prefix), canned)
     metrics.router = router  # what `create_app` includes
-    run_server(load_settings(), "127.0.0.1", port, workers=1)
+    settings = load_settings()  # the real server holds the wire protocol's port
+    serving = settings.serving.model_copy(update={"pg_port": None})
+    run_server(settings.model_copy(update={"serving": serving}), "127.0.0.1", port, workers=1)
 
 
 def start_canned(
@@ -607,7 +623,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def server_cpu(
-    port: int, pid: int, paths: Callable[[], str], requests: int
+    port: int, pid: int, paths: Callable[[], Target], requests: int
 ) -> tuple[float, float, Errors]:
     """(server CPU ms per request, req/s, errors) of `requests` sent in a closed loop, 16
     concurrent."""
@@ -757,6 +773,7 @@ async def measure(
         flush=True,
     )
     vs_bare = await measure_vs_bare(args, port, server_pid, series(HOUR), config_path)
+    sql_fields = await measure_sql(args, port, server_pid, newest, settings, series(HOUR))
     batch_hour = (watermark - 3 * HOUR) // HOUR * HOUR
     tops = [
         {"window": "1h", "at": format_time(batch_hour), "by": "count", "n": 10},
@@ -785,11 +802,135 @@ async def measure(
         f"BENCH serve workers={args.workers} s1440_rate={args.s1440_rate} "
         f"s1440_achieved_rps={s1440_rps:.1f} s1440_p99_ms={s1440_p99:.1f} s60_rate={args.s60_rate} "
         f"s60_achieved_rps={s60_rps:.1f} s60_p99_ms={s60_p99:.1f} max_rps={max_rps:.0f} "
-        f"top_p99_ms={top_p99:.1f} raw_ms={raw:.2f} ratio={request_ms / raw:.2f} {vs_bare}"
+        f"top_p99_ms={top_p99:.1f} raw_ms={raw:.2f} ratio={request_ms / raw:.2f} {vs_bare} "
+        f"{sql_fields}"
     )
     return head, await measure_grid(
         args, port, newest, server_pid, series(HOUR), settings.postgres.url
     )
+
+
+async def measure_sql(
+    args: argparse.Namespace,
+    port: int,
+    server_pid: int,
+    newest: int,
+    settings: Settings,
+    s60: Callable[[], str],
+) -> str:
+    """`sql`: the s60 question (one hot page's last hour at 1m) as SQL. Over HTTP
+    (`POST /v1/sql`): its server CPU per request beside the HTTP API's for the same answer,
+    in the same closed loop back to back (target <= 1.3x). In the wire protocol (a psycopg
+    prepared statement, `WIRE_CONNECTIONS` connections): its p99 at `WIRE_RATE` req/s beside
+    the HTTP API's s60 at the same rate (target <= 1.5x). Returns its BENCH fields."""
+    rng = random.Random(11)
+    start, end = newest - HOUR, newest
+    columns = (
+        "time_bucket('1m', ts) AS start, COUNT(*) AS count, SUM(latency_ms) AS sum, "
+        "MIN(latency_ms) AS min, MAX(latency_ms) AS max, AVG(latency_ms) AS avg, "
+        "APPROX_COUNT_DISTINCT(user_id) AS distinct_user_id"
+    )
+    where = f"ts >= '{format_time(start)}' AND ts < '{format_time(end)}'"
+
+    def statement(page: str) -> str:
+        return f"SELECT {columns} FROM views WHERE {where} AND page = '{page}' GROUP BY 1"
+
+    def sql_request() -> Target:
+        query = statement(f"/hot/{rng.randrange(HOT_KEYS)}")
+        return "/v1/sql", orjson.dumps({"query": query, "format": "objects"})
+
+    client = RawHttp("127.0.0.1", port)
+    status, body = await client.fetch("/v1/sql", orjson.dumps({"query": statement("/hot/3")}))
+    series_path = "/v1/metrics/views/series?" + urlencode(
+        {"window": "1m", "start": format_time(start), "end": format_time(end), "page": "/hot/3"}
+    )
+    _, api = await client.fetch(series_path)
+    client.close()
+    rows, points = orjson.loads(body)["rows"], orjson.loads(api)["points"]
+    if status != 200 or [r["count"] for r in rows] != [p["count"] for p in points]:
+        raise SystemExit(f"sql: the answer differs from the HTTP API's: {body[:300]!r}")
+    requests = int(CPU_REQUESTS * (0.5 if args.quick else 1.0))
+    await closed_loop(
+        lambda: RawHttp("127.0.0.1", port), sql_request, CPU_CONCURRENCY, requests=300
+    )
+    sql_ms, sql_rps, sql_errors = await server_cpu(port, server_pid, sql_request, requests)
+    http_ms, http_rps, _ = await server_cpu(port, server_pid, s60, requests)
+    seconds = 20 * (0.5 if args.quick else 1.0)
+    http_p99, http_achieved, http_errors = await open_loop(
+        RawHttp("127.0.0.1", port), s60, WIRE_RATE, seconds
+    )
+    wire_p99, wire_achieved, wire_errors = await wire_open_loop(
+        settings.serving.pg_port, start, end, WIRE_RATE, seconds
+    )
+    print(
+        f"sql (the s60 question): POST /v1/sql {sql_ms:.3f} ms of server CPU per request vs "
+        f"{http_ms:.3f} ms for the HTTP API, {sql_ms / http_ms:.2f}x (target <= 1.3x; "
+        f"{sql_rps:.0f} vs {http_rps:.0f} req/s closed loop, errors {sql_errors}); wire "
+        f"protocol (psycopg prepared, {WIRE_CONNECTIONS} connections) at {WIRE_RATE} req/s: "
+        f"p99 {wire_p99:.1f} ms ({wire_achieved:.1f} achieved, errors {wire_errors}) vs the "
+        f"HTTP API's {http_p99:.1f} ms ({http_achieved:.1f}, errors {http_errors}), "
+        f"{wire_p99 / http_p99:.2f}x (target <= 1.5x)",
+        flush=True,
+    )
+    return (
+        f"sql_cpu_ms={sql_ms:.3f} sql_http_cpu_ms={http_ms:.3f} "
+        f"sql_vs_http_cpu={sql_ms / http_ms:.2f} wire_p99_ms={wire_p99:.1f} "
+        f"wire_http_p99_ms={http_p99:.1f} wire_vs_http_p99={wire_p99 / http_p99:.2f}"
+    )
+
+
+async def wire_open_loop(
+    pg_port: int | None, start: int, end: int, rate: float, seconds: float
+) -> tuple[float, float, Errors]:
+    """The s60 question as a psycopg prepared statement (a random hot page each time) at a
+    constant rate over `WIRE_CONNECTIONS` connections, latency from each request's scheduled
+    time. Returns (p99 ms, achieved req/s, errors: 0 for each failed statement)."""
+    query = (
+        "SELECT time_bucket('1m', ts) AS start, COUNT(*), SUM(latency_ms), MIN(latency_ms), "
+        "MAX(latency_ms), AVG(latency_ms), APPROX_COUNT_DISTINCT(user_id) FROM views "
+        "WHERE ts >= %s AND ts < %s AND page = %s GROUP BY 1"
+    )
+    bounds = (
+        datetime.fromtimestamp(start / 1000, UTC),
+        datetime.fromtimestamp(end / 1000, UTC),
+    )
+    dsn = f"host=127.0.0.1 port={pg_port} user=bench dbname=lambda"
+    idle: asyncio.Queue[psycopg.AsyncConnection[Any]] = asyncio.Queue()
+    for _ in range(WIRE_CONNECTIONS):
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        for page in range(HOT_KEYS):  # prepared on every connection before the clock starts
+            await conn.execute(query, (*bounds, f"/hot/{page}"), prepare=True)
+        idle.put_nowait(conn)
+    rng = random.Random(13)
+    latencies: list[float] = []
+    errors = Errors()
+
+    async def one(scheduled: float) -> None:
+        conn = await idle.get()
+        try:
+            cursor = await conn.execute(
+                query, (*bounds, f"/hot/{rng.randrange(HOT_KEYS)}"), prepare=True
+            )
+            await cursor.fetchall()
+        except psycopg.Error:
+            errors[0] += 1
+        finally:
+            idle.put_nowait(conn)
+        latencies.append((clock() - scheduled) * 1000)
+
+    in_flight = []
+    t0 = clock()
+    for i in range(int(rate * seconds)):
+        scheduled = t0 + i / rate
+        delay = scheduled - clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        in_flight.append(asyncio.ensure_future(one(scheduled)))
+    await asyncio.gather(*in_flight)
+    elapsed = clock() - t0
+    while not idle.empty():
+        await idle.get_nowait().close()
+    return pct(latencies, 0.99), len(latencies) / elapsed, errors
 
 
 def day_of_hours(newest: int) -> dict[str, str]:
@@ -1049,6 +1190,7 @@ def main() -> None:
         with_db(base.postgres.url, PG_DB),
         with_db(base.redis.url, str(REDIS_DB)),
         quantiles=args.quantiles,
+        pg_port=free_port(),
     )
     settings = Settings(**config)
     upgrade(settings.postgres.url)
