@@ -94,7 +94,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -415,6 +415,13 @@ async def open_loop(
             errors[status] += 1
         latencies.append((clock() - scheduled) * 1000)
 
+    elapsed = await paced(one, rate, seconds)
+    return pct(latencies, 0.99), len(latencies) / elapsed, errors
+
+
+async def paced(one: Callable[[float], Awaitable[None]], rate: float, seconds: float) -> float:
+    """`one(scheduled)` started at each of `rate * seconds` times spaced evenly, by one
+    scheduler; returns the seconds until the last one ended."""
     in_flight = []
     t0 = clock()
     for i in range(int(rate * seconds)):
@@ -424,8 +431,7 @@ async def open_loop(
             await asyncio.sleep(delay)
         in_flight.append(asyncio.ensure_future(one(scheduled)))
     await asyncio.gather(*in_flight)
-    elapsed = clock() - t0
-    return pct(latencies, 0.99), len(latencies) / elapsed, errors
+    return clock() - t0
 
 
 async def closed_loop(
@@ -918,16 +924,7 @@ async def wire_open_loop(
             idle.put_nowait(conn)
         latencies.append((clock() - scheduled) * 1000)
 
-    in_flight = []
-    t0 = clock()
-    for i in range(int(rate * seconds)):
-        scheduled = t0 + i / rate
-        delay = scheduled - clock()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        in_flight.append(asyncio.ensure_future(one(scheduled)))
-    await asyncio.gather(*in_flight)
-    elapsed = clock() - t0
+    elapsed = await paced(one, rate, seconds)
     while not idle.empty():
         await idle.get_nowait().close()
     return pct(latencies, 0.99), len(latencies) / elapsed, errors

@@ -124,7 +124,7 @@ def _pg_error(exc: Exception) -> PgError:
     is a syntax or feature error at its position, a backing service down is 57P03."""
     if isinstance(exc, sql.SqlError):
         fields = {} if exc.position is None else {"P": str(exc.position)}
-        return PgError("42601", exc.message, **fields)
+        return PgError(exc.sqlstate, exc.message, **fields)
     if isinstance(exc, ServiceUnavailableError):
         return PgError("57P03", str(exc))
     if isinstance(exc, HTTPException):

@@ -64,7 +64,11 @@ class SqlError(HTTPException):
     `position` is the character it points at, from 1 (PostgreSQL's error field `P`)."""
 
     def __init__(
-        self, message: str, node: exp.Expr | None = None, position: int | None = None
+        self,
+        message: str,
+        node: exp.Expr | None = None,
+        position: int | None = None,
+        sqlstate: str = "42601",
     ) -> None:
         where = _placed(node)
         if where is not None:
@@ -73,6 +77,9 @@ class SqlError(HTTPException):
         super().__init__(400, detail=message)
         self.message = message
         self.position = position
+        self.sqlstate = sqlstate
+        """What PostgreSQL would report: 42601 (syntax_error), 25006 for a statement that
+        writes (read_only_sql_transaction)."""
 
 
 def _placed(node: exp.Expr | None) -> tuple[int, int, int] | None:
@@ -199,7 +206,9 @@ def _parsed(text: str) -> tuple[bool, exp.Select]:
     select = statements[0]
     if not isinstance(select, exp.Select):
         raise SqlError(
-            "the SQL interface is read-only: send one SELECT (or EXPLAIN SELECT)", select
+            "the SQL interface is read-only: send one SELECT (or EXPLAIN SELECT)",
+            select,
+            sqlstate="25006",
         )
     return explained is not None, select
 

@@ -9,6 +9,7 @@ import random
 import socket
 import struct
 import subprocess
+import time
 from datetime import datetime
 from typing import Any
 
@@ -23,6 +24,7 @@ from pydantic import SecretStr
 
 from serving_layer import create_app
 from serving_layer.timefmt import format_time
+from shared.speed_view import redis_client
 from tests.conftest import Platform
 from tests.serving.api_process import free_port
 from tests.serving.views import load_views, random_events
@@ -255,6 +257,8 @@ def test_the_wire_protocol_answers_psql_psycopg_and_sqlalchemy(platform: Platfor
                 conn.execute(f"SELECT STDDEV(latency_ms) FROM views_by_page WHERE {SPAN}")
             assert refused.value.diag.statement_position == "8"
             assert "it answers COUNT(*)" in str(refused.value)
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction, match="read-only"):
+                conn.execute("DELETE FROM views_by_page")
 
         # SQLAlchemy's inspector and pandas.read_sql
         engine = sqlalchemy.create_engine(
@@ -498,4 +502,15 @@ def test_random_questions_answer_alike_in_sql_and_http_and_count_as_the_oracle(
                     if e.key[0] in pages and any(s <= e.time_ms < s + span for s in starts)
                 ), question
 
+        alike()
+        # after a run: another generation published, W later; the same questions again
+        later = W + HOUR
+        redis_client(platform.settings.redis).flushdb()  # the speed view rebuilt past it
+        load_views(platform.settings, events, later, 47)
+        deadline = time.monotonic() + 10  # the process learns the publication by notification
+        while _sql(client, f"EXPLAIN SELECT COUNT(*) FROM views_by_page WHERE {SPAN}")[
+            "batch_watermark"
+        ] != format_time(later):
+            assert time.monotonic() < deadline, "the publication was not seen"
+            time.sleep(0.05)
         alike()
