@@ -81,15 +81,16 @@ class MetricTables(Session):
 
     async def schema(self) -> dict[str, dict[str, str]]:
         """Each metric's table for `information_schema` and `pg_catalog` (`\\dt`, `\\d m`,
-        SQLAlchemy's inspector): `ts`, the key dimensions and `source`."""
+        SQLAlchemy's inspector): `ts`, the key dimensions, a session metric's `end`,
+        `events` and `duration_s`, and `source`."""
         return {
             metric.name: {
                 sql.TIME_COLUMN: "timestamptz",
                 **dict.fromkeys(metric.key, "text"),
+                **(sql.SESSION_COLUMNS if metric.session is not None else {}),
                 sql.SOURCE_COLUMN: "text",
             }
             for metric in self._settings.metrics
-            if metric.session is None  # a session metric is no table yet (docs/sql.md)
         }
 
     async def describe(self, text: str, param_oids: list[int | None]) -> list[ResultColumn]:
@@ -199,7 +200,12 @@ class _CatalogPortal(Portal):
         return rows, suspended
 
 
-_FORMAT_TYPES = {"timestamptz": "timestamp with time zone", "text": "text"}
+_FORMAT_TYPES = {
+    "timestamptz": "timestamp with time zone",
+    "text": "text",
+    "bigint": "bigint",
+    "double precision": "double precision",
+}
 _REFLECTED = {"not_null": False, "generated": ""}
 """What SQLAlchemy's column reflection reads besides names and types; every other output
 (default, comment, identity, collation) is NULL."""

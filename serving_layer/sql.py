@@ -37,9 +37,17 @@ from serving_layer.params import (
     window_spec_of,
 )
 from serving_layer.pools import AsyncDb
-from serving_layer.query import KeysQuery, SeriesQuery, TopQuery, TotalQuery, answering_plan
+from serving_layer.query import (
+    KeysQuery,
+    SeriesQuery,
+    SessionsQuery,
+    TopQuery,
+    TotalQuery,
+    answering_plan,
+)
 from serving_layer.read_plan import Answer, Group, Point
 from serving_layer.selection import Selection
+from serving_layer.sessions import SessionRow, ranked_value
 from serving_layer.timefmt import format_time
 from serving_layer.windowing import WindowSpec
 from shared.aggregations import RenderOptions, quantile_name
@@ -48,12 +56,15 @@ from shared.durations import format_duration
 from shared.metric_plan import MetricPlan
 from shared.windows import point_source
 
-Query = SeriesQuery | TotalQuery | TopQuery | KeysQuery
+Query = SeriesQuery | TotalQuery | TopQuery | KeysQuery | SessionsQuery
 
 TIME_COLUMN = "ts"
 SOURCE_COLUMN = "source"
 """A pseudo-column: where a row's cells came from (`batch`, `mixed`, `speed`), as a point's
 `source` in the HTTP API."""
+
+SESSION_COLUMNS = {"end": "timestamptz", "events": "bigint", "duration_s": "double precision"}
+"""A session metric's table besides `ts` (a session's start) and its key: one row a session."""
 
 _DATE_TRUNC_UNITS = {"MINUTE": "1m", "HOUR": "1h", "DAY": "1d"}
 _PLAIN = {exp.Sum: "sum", exp.Min: "min", exp.Max: "max", exp.Avg: "avg"}
@@ -84,12 +95,12 @@ class SqlError(HTTPException):
 
 def _placed(node: exp.Expr | None) -> tuple[int, int, int] | None:
     """(line, column, character from 1) of the first token of `node` sqlglot placed."""
-    for part in () if node is None else node.walk():
-        meta = part.meta
-        if "line" in meta:
-            width = meta["end"] - meta["start"]
-            return meta["line"], meta["col"] - width, meta["start"] + 1
-    return None
+    placed = [part.meta for part in (() if node is None else node.walk()) if "line" in part.meta]
+    if not placed:
+        return None
+    first = min(placed, key=lambda meta: meta["start"])
+    width = first["end"] - first["start"]
+    return first["line"], first["col"] - width, first["start"] + 1
 
 
 @dataclass(frozen=True)
@@ -137,6 +148,22 @@ class SqlStatement:
 
     def _parts(self, answer: Answer[Any]) -> list[RowParts]:
         query = self.query
+        if isinstance(query, SessionsQuery):
+            sessions: list[SessionRow] = answer.rows[: query.limit]
+            return [
+                RowParts(
+                    (row.start_ms, row.last_ms),
+                    query.key,
+                    row.source,
+                    {
+                        TIME_COLUMN: format_time(row.start_ms),
+                        "end": format_time(row.last_ms),
+                        "events": row.state.count,
+                        "duration_s": (row.last_ms - row.start_ms) / 1000,
+                    },
+                )
+                for row in sessions
+            ]
         if isinstance(query, KeysQuery):
             window = (query.start_ms, query.end_ms)
             keys: list[Group] = answer.rows
@@ -146,7 +173,7 @@ class SqlStatement:
             source = point_source(*window, answer.watermark)
             ranked: list[tuple[Group, Any]] = answer.rows
             return [
-                RowParts(window, group, source, {query.by: value})
+                RowParts(window, group, source, {query.by: ranked_value(query.by, value)})
                 for group, value in ranked[: query.n]
             ]
         by_group: dict[Group, list[Point]] = answer.rows
@@ -279,13 +306,16 @@ class _Compiler:
         self.select = select
         self.metric = self._table()
         self.quantiles: list[Decimal] = []
+        self.lists_sessions = self.metric.sessions is not None and not _aggregates_in(select)
+        """A session metric's statement without aggregates: one key's sessions, a row each."""
 
     def columns(self) -> tuple[OutputColumn, ...]:
         """The columns of the select list, nothing else checked."""
         group_dims, bucket = self._group_by()
         items = [self._item(e, group_dims, bucket) for e in self.select.expressions]
         distinct = bool(self.select.args.get("distinct"))
-        row_dims = self.metric.key if distinct else tuple(group_dims)
+        listed = distinct or self.lists_sessions
+        row_dims = self.metric.key if listed else tuple(group_dims)
         return tuple(_column(kind, name, node, row_dims) for kind, name, node in items)
 
     def compile(self) -> SqlStatement:
@@ -303,7 +333,10 @@ class _Compiler:
         selection = Selection(metric.key, filters, tuple(group_dims))
         limit = self._limit()
         query: Query
-        if distinct:
+        if self.lists_sessions:
+            most = self.settings.serving.max_keys_limit
+            query = SessionsQuery.of(self.settings, metric, (start, end), selection, limit or most)
+        elif distinct:
             query = self._keys(aggregates, bucket, (start, end), filters)
         elif not aggregates:
             raise SqlError(
@@ -313,6 +346,12 @@ class _Compiler:
             query = self._top(ranked, aggregates, bucket, (start, end), selection, limit, render)
             limit = None  # the ranking's n
         elif bucket is None:
+            if metric.sessions is not None:
+                raise SqlError(
+                    f"{metric.name}'s sessions are counted per window: group by a time bucket "
+                    "(one as long as the range gives its total)",
+                    select,
+                )
             query = TotalQuery.of(self.settings, metric, (start, end), selection, render)
         else:
             max_groups = self.settings.serving.max_groups
@@ -401,12 +440,6 @@ class _Compiler:
             metric = metric_of(self.settings, table.name)
         except HTTPException as exc:
             raise SqlError(str(exc.detail), table) from None
-        if metric.sessions is not None:
-            raise SqlError(
-                f"{metric.name} is a session metric: SQL over its sessions is not supported yet; "
-                "use GET /v1/metrics/{m}/series and /sessions",
-                table,
-            )
         return metric
 
     def _refuse_unsupported(self) -> None:
@@ -580,8 +613,11 @@ class _Compiler:
             name = inner.name
             if name == SOURCE_COLUMN and name not in self.metric.key:
                 return "source", SOURCE_COLUMN, node
+            if self.lists_sessions and (name in SESSION_COLUMNS or name == TIME_COLUMN):
+                return "session", name, node
             dim = self._dimension(inner)
-            if dim not in dims and not self.select.args.get("distinct"):
+            listed = self.select.args.get("distinct") or self.lists_sessions
+            if dim not in dims and not listed:
                 raise SqlError(f"{dim} is selected: group by it too", inner)
             return "dim", dim, node
         if isinstance(inner, exp.Star):
@@ -589,9 +625,14 @@ class _Compiler:
         return "aggregate", self._aggregate(inner), node
 
     def _aggregate(self, node: exp.Expression) -> str:
-        """The output name an aggregate call reads (`count`, `sum`, `distinct_f`, `p99`)."""
+        """The output name an aggregate call reads (`count`, `sum`, `distinct_f`, `p99`; of a
+        session metric, `sessions`, `bounces`, `duration_*_s` first)."""
         metric = self.metric
         outputs = {a.spec for a in metric.aggregations.aggregations}
+        if metric.sessions is not None:
+            session_output = self._session_aggregate(node, outputs)
+            if session_output is not None:
+                return session_output
         if isinstance(node, exp.Count):
             arg = node.this
             if isinstance(arg, exp.Star) and "count" in outputs:
@@ -618,6 +659,35 @@ class _Compiler:
             f"{metric.name} cannot answer {node.sql('postgres')}: {self._answerable()}", node
         )
 
+    def _session_aggregate(self, node: exp.Expression, outputs: set[str]) -> str | None:
+        """A session output (rule 13) an aggregate over the sessions reads, or None: COUNT(*)
+        the sessions, COUNT(*) FILTER (WHERE events = 1) the bounces, SUM(events) the events
+        (the metric's `count`), AVG/SUM/MAX(duration_s) and APPROX_PERCENTILE(duration_s, q)
+        their durations; any other aggregate is over the sessions' events, as a metric's."""
+        if isinstance(node, exp.Filter) and isinstance(node.this, exp.Count):
+            condition = node.expression.this if isinstance(node.expression, exp.Where) else None
+            one = exp.EQ(this=exp.column("events"), expression=exp.Literal.number(1))
+            if isinstance(node.this.this, exp.Star) and condition == one:
+                return "bounces"
+            raise SqlError("a bounce is COUNT(*) FILTER (WHERE events = 1)", node)
+        if isinstance(node, exp.Count) and isinstance(node.this, exp.Star):
+            return "sessions"
+        column = node.this.name if isinstance(node.this, exp.Column) else None
+        if isinstance(node, exp.Sum) and column == "events" and "count" in outputs:
+            return "count"
+        durations = {exp.Avg: "avg", exp.Sum: "sum", exp.Max: "max"}
+        for kind, name in durations.items():
+            if isinstance(node, kind) and column == "duration_s":
+                return f"duration_{name}_s"
+        args = node.expressions
+        percentile = isinstance(node, exp.Anonymous) and node.name.upper() == "APPROX_PERCENTILE"
+        durations_at = percentile and len(args) == 2 and isinstance(args[0], exp.Column)
+        if durations_at and args[0].name == "duration_s":
+            q = _fraction(args[1])
+            self.quantiles.append(q)
+            return f"duration_{quantile_name(q)}_s"
+        return None
+
     def _is_value(self, node: exp.Expression | None) -> bool:
         return isinstance(node, exp.Column) and node.name == self.metric.value
 
@@ -634,10 +704,24 @@ class _Compiler:
                 calls.append(f"APPROX_COUNT_DISTINCT({aggregation.field})")
             elif spec.startswith("quantiles("):
                 calls.append(f"APPROX_PERCENTILE({aggregation.field}, <q in (0, 1)>)")
+        if self.metric.sessions is not None:
+            calls = [
+                "COUNT(*) (sessions)",
+                "COUNT(*) FILTER (WHERE events = 1) (bounces)",
+                "AVG/SUM/MAX(duration_s)",
+                "APPROX_PERCENTILE(duration_s, <q>)",
+                *(
+                    ["SUM(events)"]
+                    if "count" in {a.spec for a in self.metric.aggregations.aggregations}
+                    else []
+                ),
+                *[c for c in calls if c != "COUNT(*)"],
+            ]
         return "it answers " + ", ".join(calls)
 
     def _column_names(self) -> str:
-        return ", ".join([TIME_COLUMN, *self.metric.key, SOURCE_COLUMN])
+        sessions = list(SESSION_COLUMNS) if self.metric.sessions is not None else []
+        return ", ".join([TIME_COLUMN, *self.metric.key, *sessions, SOURCE_COLUMN])
 
     # ------------------------------------------------------------------ ORDER BY, LIMIT
 
@@ -674,6 +758,16 @@ class _Compiler:
         if not isinstance(value, exp.Literal) or value.is_string or not str(value.this).isdigit():
             raise SqlError("LIMIT takes a positive integer", limit)
         return int(value.this)
+
+
+def _aggregates_in(select: exp.Select) -> bool:
+    """Whether the select list holds an aggregate (APPROX_PERCENTILE included)."""
+    return any(
+        isinstance(node, exp.AggFunc)
+        or (isinstance(node, exp.Anonymous) and node.name.upper() == "APPROX_PERCENTILE")
+        for item in select.expressions
+        for node in item.walk()
+    )
 
 
 def _conjuncts(node: exp.Expression | None) -> list[exp.Expression]:
@@ -750,7 +844,9 @@ def _column(kind: str, name: str, node: exp.Expression, row_dims: tuple[str, ...
         return OutputColumn(alias or name, "text", _group_value(row_dims.index(name)))
     if kind == "source":
         return OutputColumn(alias or SOURCE_COLUMN, "text", _source)
-    counted = name == "count" or name.startswith("distinct_")
+    if kind == "session":
+        return OutputColumn(alias or name, SESSION_COLUMNS.get(name, "timestamptz"), _output(name))
+    counted = name in ("count", "sessions", "bounces") or name.startswith("distinct_")
     return OutputColumn(alias or name, "bigint" if counted else "double precision", _output(name))
 
 
@@ -790,9 +886,15 @@ async def explain(statement: SqlStatement, view: MergedView, db: AsyncDb) -> Ans
     served = None if db.served is None else await db.served.row_for(metric)
     watermark = None if served is None else served.watermark
     speed_status = await view.speed.status()
-    if isinstance(query, KeysQuery):
-        lines = [f"Keys of {metric.name} with a cell in {_range(query.start_ms, query.end_ms)}"]
-        reads, selection, windows = metric, query.selection, [(query.start_ms, query.end_ms)]
+    if isinstance(query, KeysQuery | SessionsQuery):
+        span = _range(query.start_ms, query.end_ms)
+        if isinstance(query, KeysQuery):
+            lines, selection = [f"Keys of {metric.name} with a cell in {span}"], query.selection
+        else:
+            key = dict(zip(metric.key, query.key, strict=True))
+            lines = [f"Sessions of {metric.name} for {key} starting in {span}"]
+            selection = Selection(metric.key, tuple((d, frozenset({v})) for d, v in key.items()))
+        reads, windows = metric, [(query.start_ms, query.end_ms)]
     else:
         reads, selection = answering_plan(view.settings, metric, query.selection)
         if isinstance(query, TopQuery):

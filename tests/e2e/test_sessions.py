@@ -193,10 +193,52 @@ def test_sessions_across_a_kill_workers_a_run_and_the_api(
                 time.sleep(0.5)
             assert problems == []
             _check_sessions_and_top(client, expected, now, w)
+            _check_sql(client, expected, now)
         _dashboard_shows_sessions(settings, "u1")
     finally:
         for worker in workers:
             assert stop_worker(worker) == 0
+
+
+def _check_sql(client: TestClient, expected: dict[oracle.Cell, Any], now: int) -> None:
+    """The session metric as SQL's table of its sessions: one user's sessions as the
+    sessions route lists them, the sessions, bounces and events per hour as the oracle counts
+    them, and the top users by sessions as the top route ranks them."""
+
+    def sql(query: str) -> list[list[Any]]:
+        answer = client.post("/v1/sql", json={"query": query, "format": "arrays"})
+        assert answer.status_code == 200, answer.text
+        rows: list[list[Any]] = answer.json()["rows"]
+        return rows
+
+    span = f"ts >= {now - 4 * HOUR} AND ts < {now + HOUR}"
+    listed = client.get(
+        f"/v1/metrics/{METRIC}/sessions",
+        params={"start": now - 4 * HOUR, "end": now + HOUR, "user_id": "u1", "limit": 1000},
+    ).json()["sessions"]
+    rows = sql(
+        f'SELECT ts, "end", events, duration_s, source FROM {METRIC} '
+        f"WHERE user_id = 'u1' AND {span}"
+    )
+    assert rows == [
+        [s["start"], s["end"], s["events"], s["duration_s"], s["source"]] for s in listed
+    ]
+    hourly = sql(
+        "SELECT time_bucket('1h', ts), COUNT(*), COUNT(*) FILTER (WHERE events = 1), "
+        f"SUM(events) FROM {METRIC} WHERE {span} GROUP BY 1"
+    )
+    got = {oracle.parse_rfc3339_ms(t): (n, bounces, events) for t, n, bounces, events in hourly}
+    assert got == {t: v for t, v in _totals(expected, HOUR).items() if v[0]}
+    hour = now - 2 * HOUR
+    start = hour - hour % HOUR
+    top = sql(
+        f"SELECT user_id, COUNT(*) AS sessions FROM {METRIC} WHERE ts >= {start} AND "
+        f"ts < {start + HOUR} GROUP BY user_id ORDER BY sessions DESC LIMIT 5"
+    )
+    ranked = client.get(
+        f"/v1/metrics/{METRIC}/top", params={"window": "1h", "at": hour, "by": "sessions", "n": 5}
+    ).json()["items"]
+    assert top == [[i["key"]["user_id"], i["value"]] for i in ranked]
 
 
 def _check_sessions_and_top(
