@@ -1,188 +1,43 @@
-"""SQL over the merged views (docs/sql.md): a `SELECT` compiled into one of the serving layer's
-queries (`serving_layer.query`), never evaluated row by row. Each metric is a table shaped like
-its source's events, restricted to what its cells can answer: the event time `ts`, its key
-dimensions, and aggregates that name its configured aggregations. What the statement asks picks
-the query:
-
-- `time_bucket('<window>', ts[, '<tz>'])` or `date_trunc('<unit>', ts[, '<tz>'])` in `GROUP BY`:
-  a series (`SeriesQuery`), one row per window and group;
-- no bucket: a total over the `ts` range as one window (`TotalQuery`), one row per group;
-- no bucket, `ORDER BY <aggregate> DESC LIMIT n`: a ranking (`TopQuery`) over the range,
-  which must be one window of the metric's base cells;
-- `SELECT DISTINCT <dims>` with no aggregate: the keys seen (`KeysQuery`).
-
-`WHERE` holds a `ts` range (`ts >= a AND ts < b`, both bounds: the windows starting in it, as
-the HTTP API's `start` and `end`) and `=` / `IN` on key dimensions (the filters); `GROUP BY`
-names the dimensions each row keeps (`group_by`). A statement that asks anything else is a
-`SqlError` saying where and what the metric can answer."""
+"""The dialect's compiler (the package's doc says what it answers): a statement's text, its
+parameters bound, compiled into one of the serving layer's queries and the columns it answers;
+a statement it cannot answer is a `SqlError` saying where and what the metric answers."""
 
 from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from decimal import Decimal, InvalidOperation
+from collections.abc import Sequence
+from dataclasses import replace
+from decimal import Decimal
 from typing import Any
 
 import sqlglot
 from fastapi import HTTPException
 from sqlglot import exp
 
-from serving_layer.merged_view import MergedView
-from serving_layer.params import (
-    check_key_text,
-    metric_of,
-    time_of,
-    window_spec_of,
-)
-from serving_layer.pools import AsyncDb
-from serving_layer.query import (
-    KeysQuery,
-    SeriesQuery,
-    SessionsQuery,
-    TopQuery,
-    TotalQuery,
-    answering_plan,
-)
-from serving_layer.read_plan import Answer, Group, Point
+from serving_layer.params import check_key_text, metric_of, time_of, window_spec_of
+from serving_layer.query import KeysQuery, SeriesQuery, SessionsQuery, TopQuery, TotalQuery
 from serving_layer.selection import Selection
-from serving_layer.sessions import SessionRow, ranked_value
+from serving_layer.sql.aggregates import aggregate_output, answerable
+from serving_layer.sql.statement import (
+    PLAN_OUTPUT,
+    SESSION_COLUMNS,
+    SOURCE_COLUMN,
+    TIME_COLUMN,
+    OutputColumn,
+    Query,
+    SqlError,
+    SqlStatement,
+    column_of,
+)
 from serving_layer.timefmt import format_time
 from serving_layer.windowing import WindowSpec
-from shared.aggregations import RenderOptions, quantile_name
+from shared.aggregations import RenderOptions
 from shared.config import Settings
 from shared.durations import format_duration
 from shared.metric_plan import MetricPlan
-from shared.windows import point_source
-
-Query = SeriesQuery | TotalQuery | TopQuery | KeysQuery | SessionsQuery
-
-TIME_COLUMN = "ts"
-SOURCE_COLUMN = "source"
-"""A pseudo-column: where a row's cells came from (`batch`, `mixed`, `speed`), as a point's
-`source` in the HTTP API."""
-
-SESSION_COLUMNS = {"end": "timestamptz", "events": "bigint", "duration_s": "double precision"}
-"""A session metric's table besides `ts` (a session's start) and its key: one row a session."""
 
 _DATE_TRUNC_UNITS = {"MINUTE": "1m", "HOUR": "1h", "DAY": "1d"}
-_PLAIN = {exp.Sum: "sum", exp.Min: "min", exp.Max: "max", exp.Avg: "avg"}
-
-
-class SqlError(HTTPException):
-    """A statement the dialect cannot answer: a 400 saying where (line and column) and why;
-    `position` is the character it points at, from 1 (PostgreSQL's error field `P`)."""
-
-    def __init__(
-        self,
-        message: str,
-        node: exp.Expr | None = None,
-        position: int | None = None,
-        sqlstate: str = "42601",
-    ) -> None:
-        where = _placed(node)
-        if where is not None:
-            line, column, position = where
-            message = f"line {line}, column {column}: {message}"
-        super().__init__(400, detail=message)
-        self.message = message
-        self.position = position
-        self.sqlstate = sqlstate
-        """What PostgreSQL would report: 42601 (syntax_error), 25006 for a statement that
-        writes (read_only_sql_transaction)."""
-
-
-def _placed(node: exp.Expr | None) -> tuple[int, int, int] | None:
-    """(line, column, character from 1) of the first token of `node` sqlglot placed."""
-    placed = [part.meta for part in (() if node is None else node.walk()) if "line" in part.meta]
-    if not placed:
-        return None
-    first = min(placed, key=lambda meta: meta["start"])
-    width = first["end"] - first["start"]
-    return first["line"], first["col"] - width, first["start"] + 1
-
-
-@dataclass(frozen=True)
-class OutputColumn:
-    """One column of the answer: its name, its PostgreSQL type name and how a row's value is
-    read (from the window, the group and the rendered values of one point)."""
-
-    name: str
-    type: str
-    value: Callable[[RowParts], Any]
-
-
-@dataclass(frozen=True)
-class RowParts:
-    """What one answer row is made of: its window, group, where its cells came from and its
-    rendered outputs."""
-
-    window: tuple[int, int]
-    group: Group
-    source: str
-    values: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class SqlStatement:
-    """A compiled statement: the query it reads and the columns it answers, in order."""
-
-    text: str
-    query: Query
-    columns: tuple[OutputColumn, ...]
-    row_limit: int | None
-    """`LIMIT` of a series, total or keys statement (a ranking's is the query's `n`)."""
-    explain: bool = False
-    """`EXPLAIN <statement>`: answered by its plan (`explain`), nothing read but the row."""
-
-    def rows(self, answer: Answer[Any]) -> list[tuple[Any, ...]]:
-        """The answer's rows in column order: a series by window then group, a total and the
-        keys by group, a ranking best first."""
-        rows = [
-            tuple(column.value(part) for column in self.columns) for part in self._parts(answer)
-        ]
-        if isinstance(self.query, KeysQuery):  # the keys projected onto the dimensions selected
-            rows = list(dict.fromkeys(rows))
-        return rows if self.row_limit is None else rows[: self.row_limit]
-
-    def _parts(self, answer: Answer[Any]) -> list[RowParts]:
-        query = self.query
-        if isinstance(query, SessionsQuery):
-            sessions: list[SessionRow] = answer.rows[: query.limit]
-            return [
-                RowParts(
-                    (row.start_ms, row.last_ms),
-                    query.key,
-                    row.source,
-                    {
-                        TIME_COLUMN: format_time(row.start_ms),
-                        "end": format_time(row.last_ms),
-                        "events": row.state.count,
-                        "duration_s": (row.last_ms - row.start_ms) / 1000,
-                    },
-                )
-                for row in sessions
-            ]
-        if isinstance(query, KeysQuery):
-            window = (query.start_ms, query.end_ms)
-            keys: list[Group] = answer.rows
-            return [RowParts(window, key, "", {}) for key in keys]
-        if isinstance(query, TopQuery):
-            window = (query.start_ms, query.end_ms)
-            source = point_source(*window, answer.watermark)
-            ranked: list[tuple[Group, Any]] = answer.rows
-            return [
-                RowParts(window, group, source, {query.by: ranked_value(query.by, value)})
-                for group, value in ranked[: query.n]
-            ]
-        by_group: dict[Group, list[Point]] = answer.rows
-        parts = [
-            RowParts(point.window, group, point.source, point.values)
-            for group, points in by_group.items()
-            for point in points
-        ]
-        return sorted(parts, key=lambda part: (part.window, part.group))
 
 
 _EXPLAIN = re.compile(r"\s*EXPLAIN\s", re.IGNORECASE)
@@ -203,12 +58,8 @@ def columns_of(settings: Settings, text: str) -> tuple[OutputColumn, ...]:
     the wire protocol's Describe of a statement asks before any Bind."""
     explained, select = _parsed(text)
     if explained:
-        return (OutputColumn(PLAN_COLUMN, "text", _source),)
+        return (PLAN_OUTPUT,)
     return _Compiler(settings, text, select).columns()
-
-
-PLAN_COLUMN = "QUERY PLAN"
-"""The one column of an `EXPLAIN` answer, as PostgreSQL names it."""
 
 
 def _parsed(text: str) -> tuple[bool, exp.Select]:
@@ -316,7 +167,7 @@ class _Compiler:
         distinct = bool(self.select.args.get("distinct"))
         listed = distinct or self.lists_sessions
         row_dims = self.metric.key if listed else tuple(group_dims)
-        return tuple(_column(kind, name, node, row_dims) for kind, name, node in items)
+        return tuple(column_of(kind, name, node, row_dims) for kind, name, node in items)
 
     def compile(self) -> SqlStatement:
         select, metric = self.select, self.metric
@@ -340,7 +191,7 @@ class _Compiler:
             query = self._keys(aggregates, bucket, (start, end), filters)
         elif not aggregates:
             raise SqlError(
-                f"select at least one aggregate of {metric.name}: {self._answerable()}", select
+                f"select at least one aggregate of {metric.name}: {answerable(self.metric)}", select
             )
         elif ranked is not None:
             query = self._top(ranked, aggregates, bucket, (start, end), selection, limit, render)
@@ -622,102 +473,7 @@ class _Compiler:
             return "dim", dim, node
         if isinstance(inner, exp.Star):
             raise SqlError(f"name the columns: {self._column_names()}", node)
-        return "aggregate", self._aggregate(inner), node
-
-    def _aggregate(self, node: exp.Expression) -> str:
-        """The output name an aggregate call reads (`count`, `sum`, `distinct_f`, `p99`; of a
-        session metric, `sessions`, `bounces`, `duration_*_s` first)."""
-        metric = self.metric
-        outputs = {a.spec for a in metric.aggregations.aggregations}
-        if metric.sessions is not None:
-            session_output = self._session_aggregate(node, outputs)
-            if session_output is not None:
-                return session_output
-        if isinstance(node, exp.Count):
-            arg = node.this
-            if isinstance(arg, exp.Star) and "count" in outputs:
-                return "count"
-            if isinstance(arg, exp.Distinct):
-                raise SqlError(
-                    "distinct counts are estimates here: write APPROX_COUNT_DISTINCT(<field>)",
-                    node,
-                )
-        for kind, name in _PLAIN.items():
-            if isinstance(node, kind) and self._is_value(node.this) and name in outputs:
-                return name
-        field = node.this.name if isinstance(node.this, exp.Column) else None
-        if isinstance(node, exp.ApproxDistinct) and f"distinct({field})" in outputs:
-            return f"distinct_{field}"
-        args = node.expressions
-        percentile = isinstance(node, exp.Anonymous) and node.name.upper() == "APPROX_PERCENTILE"
-        if percentile and len(args) == 2 and isinstance(args[0], exp.Column):
-            q = _fraction(args[1])
-            if f"quantiles({args[0].name})" in outputs:
-                self.quantiles.append(q)
-                return quantile_name(q)
-        raise SqlError(
-            f"{metric.name} cannot answer {node.sql('postgres')}: {self._answerable()}", node
-        )
-
-    def _session_aggregate(self, node: exp.Expression, outputs: set[str]) -> str | None:
-        """A session output (rule 13) an aggregate over the sessions reads, or None: COUNT(*)
-        the sessions, COUNT(*) FILTER (WHERE events = 1) the bounces, SUM(events) the events
-        (the metric's `count`), AVG/SUM/MAX(duration_s) and APPROX_PERCENTILE(duration_s, q)
-        their durations; any other aggregate is over the sessions' events, as a metric's."""
-        if isinstance(node, exp.Filter) and isinstance(node.this, exp.Count):
-            condition = node.expression.this if isinstance(node.expression, exp.Where) else None
-            one = exp.EQ(this=exp.column("events"), expression=exp.Literal.number(1))
-            if isinstance(node.this.this, exp.Star) and condition == one:
-                return "bounces"
-            raise SqlError("a bounce is COUNT(*) FILTER (WHERE events = 1)", node)
-        if isinstance(node, exp.Count) and isinstance(node.this, exp.Star):
-            return "sessions"
-        column = node.this.name if isinstance(node.this, exp.Column) else None
-        if isinstance(node, exp.Sum) and column == "events" and "count" in outputs:
-            return "count"
-        durations = {exp.Avg: "avg", exp.Sum: "sum", exp.Max: "max"}
-        for kind, name in durations.items():
-            if isinstance(node, kind) and column == "duration_s":
-                return f"duration_{name}_s"
-        args = node.expressions
-        percentile = isinstance(node, exp.Anonymous) and node.name.upper() == "APPROX_PERCENTILE"
-        durations_at = percentile and len(args) == 2 and isinstance(args[0], exp.Column)
-        if durations_at and args[0].name == "duration_s":
-            q = _fraction(args[1])
-            self.quantiles.append(q)
-            return f"duration_{quantile_name(q)}_s"
-        return None
-
-    def _is_value(self, node: exp.Expression | None) -> bool:
-        return isinstance(node, exp.Column) and node.name == self.metric.value
-
-    def _answerable(self) -> str:
-        value = self.metric.value
-        calls = []
-        for aggregation in self.metric.aggregations.aggregations:
-            spec = aggregation.spec
-            if spec == "count":
-                calls.append("COUNT(*)")
-            elif spec in ("sum", "min", "max", "avg"):
-                calls.append(f"{spec.upper()}({value})")
-            elif spec.startswith("distinct("):
-                calls.append(f"APPROX_COUNT_DISTINCT({aggregation.field})")
-            elif spec.startswith("quantiles("):
-                calls.append(f"APPROX_PERCENTILE({aggregation.field}, <q in (0, 1)>)")
-        if self.metric.sessions is not None:
-            calls = [
-                "COUNT(*) (sessions)",
-                "COUNT(*) FILTER (WHERE events = 1) (bounces)",
-                "AVG/SUM/MAX(duration_s)",
-                "APPROX_PERCENTILE(duration_s, <q>)",
-                *(
-                    ["SUM(events)"]
-                    if "count" in {a.spec for a in self.metric.aggregations.aggregations}
-                    else []
-                ),
-                *[c for c in calls if c != "COUNT(*)"],
-            ]
-        return "it answers " + ", ".join(calls)
+        return "aggregate", aggregate_output(self.metric, inner, self.quantiles), node
 
     def _column_names(self) -> str:
         sessions = list(SESSION_COLUMNS) if self.metric.sessions is not None else []
@@ -742,7 +498,7 @@ class _Compiler:
                         ordered,
                     )
                 continue
-            name = self._aggregate(node)
+            name = aggregate_output(self.metric, node, self.quantiles)
             if not ordered.args.get("desc") or ranked is not None:
                 raise SqlError(
                     "rank by one aggregate, descending: ORDER BY <aggregate> DESC", ordered
@@ -820,121 +576,3 @@ def _duration_text(text: str) -> str:
 
 
 _WHOLE_SECONDS = re.compile(r"([0-9]+)(?:\.0*)?s")
-
-
-def _fraction(node: exp.Expression) -> Decimal:
-    if isinstance(node, exp.Literal) and not node.is_string:
-        try:
-            q = Decimal(str(node.this))
-        except InvalidOperation:
-            q = Decimal(0)
-        if 0 < q < 1:
-            return q
-    raise SqlError("APPROX_PERCENTILE's fraction is a number in (0, 1), e.g. 0.99", node)
-
-
-def _column(kind: str, name: str, node: exp.Expression, row_dims: tuple[str, ...]) -> OutputColumn:
-    """A select item's column: named by its alias, else by what it reads."""
-    alias = node.alias if isinstance(node, exp.Alias) and node.alias else None
-    if kind == "bucket":
-        return OutputColumn(alias or TIME_COLUMN, "timestamptz", _bucket_start)
-    if kind == "epoch":
-        return OutputColumn(alias or TIME_COLUMN, "bigint", _bucket_epoch_s)
-    if kind == "dim":
-        return OutputColumn(alias or name, "text", _group_value(row_dims.index(name)))
-    if kind == "source":
-        return OutputColumn(alias or SOURCE_COLUMN, "text", _source)
-    if kind == "session":
-        return OutputColumn(alias or name, SESSION_COLUMNS.get(name, "timestamptz"), _output(name))
-    counted = name in ("count", "sessions", "bounces") or name.startswith("distinct_")
-    return OutputColumn(alias or name, "bigint" if counted else "double precision", _output(name))
-
-
-def _bucket_start(row: RowParts) -> str:
-    return format_time(row.window[0])
-
-
-def _bucket_epoch_s(row: RowParts) -> int:
-    return row.window[0] // 1000
-
-
-def _source(row: RowParts) -> str:
-    return row.source
-
-
-def _group_value(at: int) -> Callable[[RowParts], str]:
-    def read(row: RowParts) -> str:
-        return row.group[at]
-
-    return read
-
-
-def _output(name: str) -> Callable[[RowParts], Any]:
-    def read(row: RowParts) -> Any:
-        return row.values.get(name)
-
-    return read
-
-
-async def explain(statement: SqlStatement, view: MergedView, db: AsyncDb) -> Answer[list[str]]:
-    """The plan of a compiled statement, a line each, against the served row this process
-    holds (none before its first read): what it reads (the metric or the rollup chosen), its
-    windows, and how many come from each view by their position against W (rule 8 in
-    docs/semantics.md). Nothing is read but the row and the speed view's status."""
-    query = statement.query
-    metric = query.metric
-    served = None if db.served is None else await db.served.row_for(metric)
-    watermark = None if served is None else served.watermark
-    speed_status = await view.speed.status()
-    if isinstance(query, KeysQuery | SessionsQuery):
-        span = _range(query.start_ms, query.end_ms)
-        if isinstance(query, KeysQuery):
-            lines, selection = [f"Keys of {metric.name} with a cell in {span}"], query.selection
-        else:
-            key = dict(zip(metric.key, query.key, strict=True))
-            lines = [f"Sessions of {metric.name} for {key} starting in {span}"]
-            selection = Selection(metric.key, tuple((d, frozenset({v})) for d, v in key.items()))
-        reads, windows = metric, [(query.start_ms, query.end_ms)]
-    else:
-        reads, selection = answering_plan(view.settings, metric, query.selection)
-        if isinstance(query, TopQuery):
-            window = (query.start_ms, query.end_ms)
-            lines = [f"Top {query.n} groups of {metric.name} by {query.by} over {_range(*window)}"]
-            windows = [window]
-        elif isinstance(query, TotalQuery):
-            windows = [(query.start_ms, query.end_ms)]
-            lines = [f"Total of {metric.name} over {_range(*windows[0])}"]
-        else:
-            spec = query.spec
-            windows = spec.windows(query.start_ms, query.end_ms)
-            size = format_duration(spec.size_ms)
-            step = "" if spec.step_ms == spec.size_ms else f" every {format_duration(spec.step_ms)}"
-            zone = "" if spec.tz is None else f" in {spec.tz}"
-            lines = [
-                f"Series of {metric.name}: {len(windows)} windows of {size}{step}{zone} starting "
-                f"in {_range(query.start_ms, query.end_ms)}"
-            ]
-    rollup = "" if reads is metric else " (the smallest rollup keeping every dimension used)"
-    lines.append(f"  reads {reads.name}{rollup}")
-    if selection.filters:
-        filters = " AND ".join(
-            f"{d} IN ({', '.join(map(repr, sorted(v)))})" for d, v in selection.filters
-        )
-        lines.append(f"  filters: {filters}")
-    if selection.group_by:
-        lines.append(f"  group by: {', '.join(selection.group_by)}")
-    if watermark is None:
-        lines.append("  W: none served yet (every window from the speed view)")
-    else:
-        batch = sum(1 for _, end in windows if end <= watermark)
-        speed = sum(1 for start, _ in windows if start >= watermark)
-        lines.append(
-            f"  W = {format_time(watermark)}; windows from the batch view: {batch}, "
-            f"straddling W: {len(windows) - batch - speed}, from the speed view: {speed}"
-        )
-    batch_status = "ok" if served is None or served.reachable else "unavailable"
-    return Answer(lines, watermark, speed_status, batch_status)
-
-
-def _range(start_ms: int, end_ms: int) -> str:
-    return f"[{format_time(start_ms)}, {format_time(end_ms)})"
