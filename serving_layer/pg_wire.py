@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import HTTPException
@@ -113,10 +113,14 @@ class MetricTables(Session):
         return [tuple(map(_wire_value, kinds, row)) for row in statement.rows(answer)]
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def _wire_value(kind: str, value: Any) -> Any:
-    """A column's value as the protocol encodes it: a timestamptz as an aware datetime."""
+    """A column's value as the protocol encodes it: a timestamptz (epoch ms) as an aware
+    datetime."""
     if kind == "timestamptz" and value is not None:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
+        return _EPOCH + timedelta(milliseconds=value)
     return value
 
 
@@ -171,10 +175,7 @@ class _CatalogStatement(Statement):
 
     async def _bound(self, params: list[str | None]) -> Statement | None:
         query = self._query.copy()
-        for parameter in list(query.find_all(exp.Parameter)):
-            at = int(parameter.this.this) if isinstance(parameter.this, exp.Literal) else 0
-            value = params[at - 1] if 1 <= at <= len(params) else None
-            parameter.replace(exp.Null() if value is None else exp.Literal.string(value))
+        sql.bind_parameters(query, params, unbound_null=True)
         for equal in list(query.find_all(exp.EQ)):
             listed = equal.expression
             if isinstance(listed, exp.Any):

@@ -40,7 +40,8 @@ async def sql(
         columns, rows = [(PLAN_COLUMN, "text")], [(line,) for line in answer.rows]
     else:
         answer = await statement.query.read(context.view, context.db)
-        rows = statement.rows(answer)
+        times = [at for at, (_, kind) in enumerate(columns) if kind == "timestamptz"]
+        rows = [_rendered(row, times) for row in statement.rows(answer)]
     listed: list[Any] = rows
     if body.format == "objects":
         names = [name for name, _ in columns]
@@ -56,3 +57,14 @@ async def sql(
             "speed_status": answer.speed_status,
         }
     )
+
+
+def _rendered(row: tuple[Any, ...], times: list[int]) -> tuple[Any, ...]:
+    """A row as JSON carries it: its `timestamptz` values (epoch ms) in RFC 3339."""
+    if not times:
+        return row
+    values = list(row)
+    for at in times:
+        if values[at] is not None:
+            values[at] = format_time(values[at])
+    return tuple(values)

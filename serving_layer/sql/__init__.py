@@ -16,7 +16,7 @@ the HTTP API's `start` and `end`) and `=` / `IN` on key dimensions (the filters)
 names the dimensions each row keeps (`group_by`). A statement that asks anything else is a
 `SqlError` saying where and what the metric can answer."""
 
-from serving_layer.sql.compiler import SqlStatements, columns_of, compile_sql
+from serving_layer.sql.compiler import SqlStatements, bind_parameters, columns_of, compile_sql
 from serving_layer.sql.explain import explain
 from serving_layer.sql.statement import (
     PLAN_COLUMN,
@@ -37,6 +37,7 @@ __all__ = [
     "SqlError",
     "SqlStatement",
     "SqlStatements",
+    "bind_parameters",
     "columns_of",
     "compile_sql",
     "explain",

@@ -48,7 +48,7 @@ def compile_sql(settings: Settings, text: str, params: Sequence[str | None] = ()
     parameters `$1`, `$2`, ... bound to `params` (as the wire protocol's Bind sends them:
     text, a number where it reads as one). `EXPLAIN <statement>` compiles the statement."""
     explained, select = _parsed(text)
-    _bind(select, params)
+    bind_parameters(select, params)
     statement = _Compiler(settings, text, select).compile()
     return statement if not explained else replace(statement, explain=True)
 
@@ -99,14 +99,18 @@ def _character(text: str, line: int | None, column: int | None) -> int | None:
     return sum(len(before) + 1 for before in lines[: line - 1]) + column
 
 
-def _bind(select: exp.Select, params: Sequence[str | None]) -> None:
-    """Each `$n` in `select` replaced by the literal of `params[n - 1]`, in place."""
-    for parameter in list(select.find_all(exp.Parameter)):
+def bind_parameters(
+    query: exp.Expr, params: Sequence[str | None], unbound_null: bool = False
+) -> None:
+    """Each `$n` in `query` replaced by the literal of `params[n - 1]` (as the wire protocol's
+    Bind sends them: text, a number where it reads as one), in place. A `$n` past `params` is
+    a SqlError, or NULL with `unbound_null` (a catalog query described before its Bind)."""
+    for parameter in list(query.find_all(exp.Parameter)):
         at = parameter.this
         number = int(at.this) if isinstance(at, exp.Literal) and str(at.this).isdigit() else 0
-        if not 1 <= number <= len(params):
+        if not 1 <= number <= len(params) and not unbound_null:
             raise SqlError(f"${number} is not bound: send {number} parameters or more", parameter)
-        value = params[number - 1]
+        value = params[number - 1] if 1 <= number <= len(params) else None
         literal: exp.Expr
         if value is None:
             literal = exp.Null()

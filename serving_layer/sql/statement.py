@@ -14,7 +14,6 @@ from sqlglot import exp
 from serving_layer.query import KeysQuery, SeriesQuery, SessionsQuery, TopQuery, TotalQuery
 from serving_layer.read_plan import Answer, Group, Point
 from serving_layer.sessions import SessionRow, ranked_value
-from serving_layer.timefmt import format_time
 from shared.windows import point_source
 
 Query = SeriesQuery | TotalQuery | TopQuery | KeysQuery | SessionsQuery
@@ -96,7 +95,8 @@ class SqlStatement:
 
     def rows(self, answer: Answer[Any]) -> list[tuple[Any, ...]]:
         """The answer's rows in column order: a series by window then group, a total and the
-        keys by group, a ranking best first."""
+        keys by group, a ranking best first. A `timestamptz` value is epoch milliseconds: each
+        way out renders it (JSON as RFC 3339, the wire protocol as a datetime)."""
         rows = [
             tuple(column.value(part) for column in self.columns) for part in self._parts(answer)
         ]
@@ -114,8 +114,8 @@ class SqlStatement:
                     query.key,
                     row.source,
                     {
-                        TIME_COLUMN: format_time(row.start_ms),
-                        "end": format_time(row.last_ms),
+                        TIME_COLUMN: row.start_ms,
+                        "end": row.last_ms,
                         "events": row.state.count,
                         "duration_s": (row.last_ms - row.start_ms) / 1000,
                     },
@@ -162,8 +162,8 @@ def column_of(
     return OutputColumn(alias or name, "bigint" if counted else "double precision", _output(name))
 
 
-def _bucket_start(row: RowParts) -> str:
-    return format_time(row.window[0])
+def _bucket_start(row: RowParts) -> int:
+    return row.window[0]
 
 
 def _bucket_epoch_s(row: RowParts) -> int:
